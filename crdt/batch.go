@@ -1,0 +1,275 @@
+package crdt
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/fxamacker/cbor/v2"
+)
+
+// Version is the wire format version written into every Batch. A decoder
+// refuses any other.
+const Version = 1
+
+// Bounds on a decoded batch. A batch beyond any of them is refused whole.
+const (
+	MaxBatchBytes = 1 << 20 // encoded size; gossipsub's default message cap
+	MaxEntries    = 4096    // window plus lease entries
+	MaxKeyLen     = 256     // bytes of a key
+	MaxRuleLen    = 128     // bytes of a rule name
+	MaxPeerLen    = 128     // bytes of a peer ID
+	MaxSlots      = 256     // extra slots named by one batch
+	MaxNacks      = 1024
+	MaxEvicted    = 1024
+	maxNesting    = 6
+)
+
+// Flags of a Batch.
+const (
+	// FlagFull marks a batch that carries every live own slot of its
+	// sender (an anti-entropy answer or a repair), not just changes.
+	FlagFull uint64 = 1 << iota
+	// FlagLeaving announces a graceful leave: the sender stops counting
+	// as a member at once.
+	FlagLeaving
+	// FlagLast marks the last batch of a multi-batch full state.
+	FlagLast
+)
+
+// ErrMalformed wraps every decoding and validation failure.
+var ErrMalformed = errors.New("crdt: malformed batch")
+
+// Batch is the unit that travels between peers: a header that describes the
+// sender, its clock and what it has merged from the others, and the absolute
+// values of slots that changed. Applying a batch twice, late or out of order
+// changes nothing.
+type Batch struct {
+	Version uint64 `cbor:"0,keyasint"`
+	// From is the sender's slot; entries with Slot 0 are From's.
+	From Slot `cbor:"1,keyasint"`
+	// Seq increases by one with every batch the slot sends.
+	Seq uint64 `cbor:"2,keyasint"`
+	// Sent is the sender's mesh time in Unix milliseconds when it built
+	// the batch; Clock is its raw clock at the same moment (for offset
+	// estimation).
+	Sent  int64 `cbor:"3,keyasint"`
+	Clock int64 `cbor:"4,keyasint"`
+	// RulesHash identifies the sender's rule configuration.
+	RulesHash uint64 `cbor:"5,keyasint,omitempty"`
+	// Ack is the sender's acknowledgement watermark: it has merged every
+	// batch sent at or before this mesh time by every member it holds
+	// alive, except those listed in Nacks.
+	Ack int64 `cbor:"6,keyasint,omitempty"`
+	// Nacks lists batches the sender found missing (a gap in a peer's
+	// sequence numbers), so their authors re-send what they carried.
+	Nacks []Nack `cbor:"7,keyasint,omitempty"`
+	Flags uint64 `cbor:"8,keyasint,omitempty"`
+	// Slots names further slots that entries refer to as 1, 2, …; only
+	// anti-entropy batches carrying signed state of others use it.
+	Slots   []Slot        `cbor:"9,keyasint,omitempty"`
+	Windows []WindowEntry `cbor:"10,keyasint,omitempty"`
+	Leases  []LeaseEntry  `cbor:"11,keyasint,omitempty"`
+	// Evicted lists slots the sender has evicted from its membership, so
+	// an evicted node that comes back learns it.
+	Evicted []Slot `cbor:"12,keyasint,omitempty"`
+}
+
+// Nack names one missing batch of one slot.
+type Nack struct {
+	Slot Slot   `cbor:"0,keyasint"`
+	Seq  uint64 `cbor:"1,keyasint"`
+}
+
+// WindowEntry is one slot's absolute values in one window.
+type WindowEntry struct {
+	Slot      uint32 `cbor:"0,keyasint,omitempty"` // 0 = Batch.From, i = Batch.Slots[i-1]
+	Rule      string `cbor:"1,keyasint"`
+	Key       string `cbor:"2,keyasint"`
+	WindowMs  int64  `cbor:"3,keyasint"`
+	Window    int64  `cbor:"4,keyasint"`
+	Admitted  uint64 `cbor:"5,keyasint,omitempty"`
+	Attempted uint64 `cbor:"6,keyasint,omitempty"`
+}
+
+// LeaseEntry is one slot's absolute lease counts for one (rule, key).
+type LeaseEntry struct {
+	Slot     uint32 `cbor:"0,keyasint,omitempty"`
+	Rule     string `cbor:"1,keyasint"`
+	Key      string `cbor:"2,keyasint"`
+	Acquired uint64 `cbor:"3,keyasint,omitempty"`
+	Released uint64 `cbor:"4,keyasint,omitempty"`
+}
+
+// SlotOf returns the slot an entry's slot index names.
+func (b *Batch) SlotOf(i uint32) Slot {
+	if i == 0 {
+		return b.From
+	}
+	return b.Slots[i-1]
+}
+
+// Has reports whether flag is set.
+func (b *Batch) Has(flag uint64) bool { return b.Flags&flag != 0 }
+
+var (
+	encMode cbor.EncMode
+	decMode cbor.DecMode
+)
+
+func init() {
+	var err error
+	encMode, err = cbor.EncOptions{Sort: cbor.SortNone}.EncMode()
+	if err != nil {
+		panic(err)
+	}
+	decMode, err = cbor.DecOptions{
+		DupMapKey:         cbor.DupMapKeyEnforcedAPF,
+		IndefLength:       cbor.IndefLengthForbidden,
+		TagsMd:            cbor.TagsForbidden,
+		MaxNestedLevels:   maxNesting,
+		MaxArrayElements:  MaxEntries,
+		MaxMapPairs:       16,
+		ExtraReturnErrors: cbor.ExtraDecErrorUnknownField,
+		UTF8:              cbor.UTF8RejectInvalid,
+		IntDec:            cbor.IntDecConvertNone,
+	}.DecMode()
+	if err != nil {
+		panic(err)
+	}
+}
+
+// Encode returns the CBOR encoding of b. It validates b first, so what it
+// encodes always decodes.
+func (b *Batch) Encode() ([]byte, error) {
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	data, err := encMode.Marshal(b)
+	if err != nil {
+		return nil, fmt.Errorf("crdt: encode batch: %w", err)
+	}
+	if len(data) > MaxBatchBytes {
+		return nil, fmt.Errorf("%w: %d bytes, over the %d-byte cap", ErrMalformed, len(data), MaxBatchBytes)
+	}
+	return data, nil
+}
+
+// DecodeBatch decodes and validates one batch. It is strict and bounded:
+// unknown fields, duplicate map keys, indefinite lengths, tags, nesting
+// beyond a few levels, more than MaxEntries entries, an oversized input or
+// key, or any value that fails Validate return an error wrapping
+// ErrMalformed. It never panics.
+func DecodeBatch(data []byte) (*Batch, error) {
+	if len(data) > MaxBatchBytes {
+		return nil, fmt.Errorf("%w: %d bytes, over the %d-byte cap", ErrMalformed, len(data), MaxBatchBytes)
+	}
+	var b Batch
+	if err := decMode.Unmarshal(data, &b); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// Validate checks the invariants every batch must hold, naming the field
+// that breaks one.
+func (b *Batch) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrMalformed}, args...)...)
+	}
+	if b.Version != Version {
+		return bad("version %d, want %d", b.Version, Version)
+	}
+	if err := checkSlot(b.From); err != nil {
+		return bad("from: %v", err)
+	}
+	if n := len(b.Windows) + len(b.Leases); n > MaxEntries {
+		return bad("%d entries, over the cap of %d", n, MaxEntries)
+	}
+	if len(b.Slots) > MaxSlots {
+		return bad("%d slots, over the cap of %d", len(b.Slots), MaxSlots)
+	}
+	if len(b.Nacks) > MaxNacks {
+		return bad("%d nacks, over the cap of %d", len(b.Nacks), MaxNacks)
+	}
+	if len(b.Evicted) > MaxEvicted {
+		return bad("%d evicted slots, over the cap of %d", len(b.Evicted), MaxEvicted)
+	}
+	for i, s := range b.Slots {
+		if err := checkSlot(s); err != nil {
+			return bad("slots[%d]: %v", i, err)
+		}
+	}
+	for i, n := range b.Nacks {
+		if err := checkSlot(n.Slot); err != nil {
+			return bad("nacks[%d]: %v", i, err)
+		}
+	}
+	for i, s := range b.Evicted {
+		if err := checkSlot(s); err != nil {
+			return bad("evicted[%d]: %v", i, err)
+		}
+	}
+	for i := range b.Windows {
+		e := &b.Windows[i]
+		if err := checkEntry(e.Slot, e.Rule, e.Key, len(b.Slots)); err != nil {
+			return bad("windows[%d]: %v", i, err)
+		}
+		switch {
+		case e.WindowMs <= 0:
+			return bad("windows[%d]: window_ms %d, must be positive", i, e.WindowMs)
+		case e.Window < 0:
+			return bad("windows[%d]: window %d, must not be negative", i, e.Window)
+		case e.Window > (1<<62)/e.WindowMs:
+			return bad("windows[%d]: window %d out of range", i, e.Window)
+		case e.Attempted < e.Admitted:
+			return bad("windows[%d]: attempted %d below admitted %d", i, e.Attempted, e.Admitted)
+		}
+	}
+	for i := range b.Leases {
+		e := &b.Leases[i]
+		if err := checkEntry(e.Slot, e.Rule, e.Key, len(b.Slots)); err != nil {
+			return bad("leases[%d]: %v", i, err)
+		}
+		if e.Released > e.Acquired {
+			return bad("leases[%d]: released %d above acquired %d", i, e.Released, e.Acquired)
+		}
+	}
+	return nil
+}
+
+func checkSlot(s Slot) error {
+	if s.Peer == "" {
+		return errors.New("empty peer")
+	}
+	if len(s.Peer) > MaxPeerLen {
+		return fmt.Errorf("peer of %d bytes, over %d", len(s.Peer), MaxPeerLen)
+	}
+	if !utf8.ValidString(s.Peer) {
+		return errors.New("peer is not UTF-8")
+	}
+	return nil
+}
+
+func checkEntry(slot uint32, rule, key string, slots int) error {
+	switch {
+	case int(slot) > slots:
+		return fmt.Errorf("slot %d names no slot (batch has %d)", slot, slots)
+	case rule == "":
+		return errors.New("empty rule")
+	case len(rule) > MaxRuleLen:
+		return fmt.Errorf("rule of %d bytes, over %d", len(rule), MaxRuleLen)
+	case key == "":
+		return errors.New("empty key")
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("key of %d bytes, over %d", len(key), MaxKeyLen)
+	case !utf8.ValidString(rule):
+		return errors.New("rule is not UTF-8")
+	case !utf8.ValidString(key):
+		return errors.New("key is not UTF-8")
+	}
+	return nil
+}

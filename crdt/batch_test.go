@@ -1,0 +1,442 @@
+package crdt_test
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/fxamacker/cbor/v2"
+
+	"github.com/ratemesh/ratemesh/crdt"
+)
+
+// fullBatch returns a valid batch with every field set.
+func fullBatch() *crdt.Batch {
+	return &crdt.Batch{
+		Version:   crdt.Version,
+		From:      crdt.Slot{Peer: "12D3KooWabc", Incarnation: 1_700_000_000_000},
+		Seq:       42,
+		Sent:      1_700_000_123_456,
+		Clock:     1_700_000_123_300,
+		RulesHash: 0xdeadbeefcafef00d,
+		Ack:       1_700_000_123_000,
+		Nacks: []crdt.Nack{
+			{Slot: crdt.Slot{Peer: "12D3KooWdef", Incarnation: 9}, Seq: 17},
+			{Slot: crdt.Slot{Peer: "12D3KooWghi", Incarnation: 1}, Seq: math.MaxUint64},
+		},
+		Flags: crdt.FlagFull | crdt.FlagLast,
+		Slots: []crdt.Slot{
+			{Peer: "12D3KooWdef", Incarnation: 9},
+			{Peer: "12D3KooWjkl", Incarnation: 3},
+		},
+		Windows: []crdt.WindowEntry{
+			{Slot: 0, Rule: "api", Key: "acct:1", WindowMs: 1000, Window: 1_700_000_123, Admitted: 5, Attempted: 7},
+			{Slot: 1, Rule: "api", Key: "acct:2", WindowMs: 1000, Window: 1_700_000_123, Admitted: 0, Attempted: 3},
+			{Slot: 2, Rule: "login", Key: "ip:10.0.0.1", WindowMs: 60_000, Window: 28_333_335, Admitted: math.MaxUint64, Attempted: math.MaxUint64},
+		},
+		Leases: []crdt.LeaseEntry{
+			{Slot: 0, Rule: "uploads", Key: "user:7", Acquired: 10, Released: 4},
+			{Slot: 2, Rule: "uploads", Key: "user:8", Acquired: 3, Released: 3},
+		},
+		Evicted: []crdt.Slot{{Peer: "12D3KooWold", Incarnation: 2}},
+	}
+}
+
+// heartbeat returns a valid batch with only the mandatory fields.
+func heartbeat() *crdt.Batch {
+	return &crdt.Batch{Version: crdt.Version, From: crdt.Slot{Peer: "p", Incarnation: 7}, Seq: 3, Sent: 1000, Clock: 1001}
+}
+
+// rawEncode encodes v as CBOR without any validation, to build inputs the
+// encoder of the package would refuse.
+func rawEncode(t testing.TB, v any) []byte {
+	t.Helper()
+	em, err := cbor.CoreDetEncOptions().EncMode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := em.Marshal(v)
+	if err != nil {
+		t.Fatalf("raw encode %T: %v", v, err)
+	}
+	return data
+}
+
+// mutated returns the raw encoding of fullBatch after f changed it.
+func mutated(t testing.TB, f func(b *crdt.Batch)) []byte {
+	t.Helper()
+	b := fullBatch()
+	f(b)
+	return rawEncode(t, b)
+}
+
+// replaceOnce replaces the single occurrence of old in data.
+func replaceOnce(t testing.TB, data []byte, old, new string) []byte {
+	t.Helper()
+	if n := bytes.Count(data, []byte(old)); n != 1 {
+		t.Fatalf("%q occurs %d times in the encoding, want 1", old, n)
+	}
+	return bytes.Replace(data, []byte(old), []byte(new), 1)
+}
+
+// mustEncode encodes b, failing the test on error.
+func mustEncode(t testing.TB, b *crdt.Batch) []byte {
+	t.Helper()
+	data, err := b.Encode()
+	if err != nil {
+		t.Fatalf("Encode: %v", err)
+	}
+	return data
+}
+
+// windows returns n valid window entries.
+func windows(n int) []crdt.WindowEntry {
+	ws := make([]crdt.WindowEntry, n)
+	for i := range ws {
+		ws[i] = crdt.WindowEntry{Rule: "r", Key: fmt.Sprint("k", i), WindowMs: 1000, Window: int64(i), Admitted: 1, Attempted: 1}
+	}
+	return ws
+}
+
+// leases returns n valid lease entries.
+func leases(n int) []crdt.LeaseEntry {
+	ls := make([]crdt.LeaseEntry, n)
+	for i := range ls {
+		ls[i] = crdt.LeaseEntry{Rule: "r", Key: fmt.Sprint("k", i), Acquired: 1}
+	}
+	return ls
+}
+
+func slots(n int) []crdt.Slot {
+	ss := make([]crdt.Slot, n)
+	for i := range ss {
+		ss[i] = crdt.Slot{Peer: fmt.Sprint("p", i), Incarnation: uint64(i)}
+	}
+	return ss
+}
+
+func TestBatchRoundTrip(t *testing.T) {
+	tests := []struct {
+		name  string
+		batch func() *crdt.Batch
+	}{
+		{"full", fullBatch},
+		{"heartbeat", heartbeat},
+		{"zero header", func() *crdt.Batch { return &crdt.Batch{Version: crdt.Version, From: crdt.Slot{Peer: "p"}} }},
+		{"negative times", func() *crdt.Batch {
+			b := heartbeat()
+			b.Sent, b.Clock, b.Ack = -5, math.MinInt64, -1
+			return b
+		}},
+		{"all flags", func() *crdt.Batch {
+			b := heartbeat()
+			b.Flags = crdt.FlagFull | crdt.FlagLeaving | crdt.FlagLast | 1<<63
+			return b
+		}},
+		{"limits", func() *crdt.Batch {
+			b := heartbeat()
+			b.From.Peer = strings.Repeat("p", crdt.MaxPeerLen)
+			b.Slots = slots(crdt.MaxSlots)
+			b.Windows = windows(crdt.MaxEntries - 1)
+			b.Windows[0].Key = strings.Repeat("k", crdt.MaxKeyLen)
+			b.Windows[0].Rule = strings.Repeat("r", crdt.MaxRuleLen)
+			b.Windows[0].Slot = crdt.MaxSlots
+			b.Leases = leases(1)
+			return b
+		}},
+		{"unicode", func() *crdt.Batch {
+			b := heartbeat()
+			b.Windows = []crdt.WindowEntry{{Rule: "règle", Key: "clé:日本🙂", WindowMs: 1, Window: 1 << 62}}
+			return b
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := tt.batch()
+			data := mustEncode(t, want)
+			got, err := crdt.DecodeBatch(data)
+			if err != nil {
+				t.Fatalf("DecodeBatch: %v", err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("round trip changed the batch:\n got %+v\nwant %+v", got, want)
+			}
+			// Encoding is deterministic: the same batch, a fresh copy of
+			// it and its decoded twin all encode to the same bytes.
+			for i, b := range []*crdt.Batch{want, tt.batch(), got} {
+				if again := mustEncode(t, b); !bytes.Equal(again, data) {
+					t.Errorf("encoding %d differs:\n%x\n%x", i, again, data)
+				}
+			}
+		})
+	}
+}
+
+// TestBatchGolden pins the wire format of a heartbeat: a change here breaks
+// compatibility with every deployed peer.
+func TestBatchGolden(t *testing.T) {
+	// {0: 1, 1: {0: "p", 1: 7}, 2: 3, 3: 1000, 4: 1001}
+	const want = "a5" + "0001" + "01a2006170" + "0107" + "0203" + "031903e8" + "041903e9"
+	data := mustEncode(t, heartbeat())
+	if got := hex.EncodeToString(data); got != want {
+		t.Errorf("heartbeat encodes to %s, want %s", got, want)
+	}
+}
+
+func TestBatchAccessors(t *testing.T) {
+	b := fullBatch()
+	for i, want := range []crdt.Slot{b.From, b.Slots[0], b.Slots[1]} {
+		if got := b.SlotOf(uint32(i)); got != want {
+			t.Errorf("SlotOf(%d) = %v, want %v", i, got, want)
+		}
+	}
+	for _, tt := range []struct {
+		flag uint64
+		want bool
+	}{{crdt.FlagFull, true}, {crdt.FlagLeaving, false}, {crdt.FlagLast, true}} {
+		if got := b.Has(tt.flag); got != tt.want {
+			t.Errorf("Has(%d) = %v, want %v", tt.flag, got, tt.want)
+		}
+	}
+}
+
+// badBatch is one input DecodeBatch must refuse.
+type badBatch struct {
+	name string
+	data func(t testing.TB) []byte
+	// msg are substrings the error must contain, naming the offending
+	// field where the check can know it. Errors from the CBOR layer name a
+	// field by its top-level CBOR key ("crdt.Batch.10" is Windows) or not
+	// at all (unknown field, duplicate key, UTF-8, nesting).
+	msg []string
+}
+
+// badBatches returns the refused inputs; the fuzz test seeds from them too.
+func badBatches() []badBatch {
+	// A batch with a single window entry, for byte-level surgery.
+	one := func(t testing.TB) []byte {
+		b := heartbeat()
+		b.Windows = []crdt.WindowEntry{{Rule: "RULE", Key: "KEYX", WindowMs: 1000, Window: 1, Admitted: 1, Attempted: 2}}
+		return mustEncode(t, b)
+	}
+	entry := map[int]any{1: "r", 2: "k", 3: 1000, 4: 1}
+	header := func(extra map[int]any) map[int]any {
+		m := map[int]any{0: 1, 1: map[int]any{0: "p", 1: 1}}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
+	}
+	fromBytes := func(b []byte) func(testing.TB) []byte { return func(testing.TB) []byte { return b } }
+	mut := func(f func(b *crdt.Batch)) func(testing.TB) []byte {
+		return func(t testing.TB) []byte { return mutated(t, f) }
+	}
+	raw := func(v any) func(testing.TB) []byte {
+		return func(t testing.TB) []byte { return rawEncode(t, v) }
+	}
+	return []badBatch{
+		// Header.
+		{"wrong version", mut(func(b *crdt.Batch) { b.Version = 2 }), []string{"version 2"}},
+		{"missing version", raw(map[int]any{1: map[int]any{0: "p"}}), []string{"version 0"}},
+		{"empty from peer", mut(func(b *crdt.Batch) { b.From.Peer = "" }), []string{"from: empty peer"}},
+		{"missing from", raw(map[int]any{0: 1}), []string{"from: empty peer"}},
+		{"long from peer", mut(func(b *crdt.Batch) { b.From.Peer = strings.Repeat("p", crdt.MaxPeerLen+1) }), []string{"from: peer of 129 bytes"}},
+		{"empty slot peer", mut(func(b *crdt.Batch) { b.Slots[1].Peer = "" }), []string{"slots[1]: empty peer"}},
+		{"empty nack peer", mut(func(b *crdt.Batch) { b.Nacks[1].Slot.Peer = "" }), []string{"nacks[1]: empty peer"}},
+		{"empty evicted peer", mut(func(b *crdt.Batch) { b.Evicted[0].Peer = "" }), []string{"evicted[0]: empty peer"}},
+		{"too many slots", mut(func(b *crdt.Batch) { b.Slots = slots(crdt.MaxSlots + 1) }), []string{"257 slots"}},
+		{"too many nacks", mut(func(b *crdt.Batch) {
+			b.Nacks = make([]crdt.Nack, crdt.MaxNacks+1)
+			for i := range b.Nacks {
+				b.Nacks[i].Slot.Peer = "p"
+			}
+		}), []string{"1025 nacks"}},
+		{"too many evicted", mut(func(b *crdt.Batch) { b.Evicted = slots(crdt.MaxEvicted + 1) }), []string{"1025 evicted"}},
+
+		// CBOR strictness.
+		{"unknown header field", raw(header(map[int]any{13: 1})), []string{"unknown field"}},
+		{"unknown entry field", raw(header(map[int]any{10: []any{map[int]any{1: "r", 2: "k", 3: 1000, 4: 1, 7: 9}}})), []string{"unknown field"}},
+		{"unknown text field", raw(map[any]any{0: 1, 1: map[int]any{0: "p"}, "extra": 1}), []string{"unknown field"}},
+		{"duplicate header key", fromBytes([]byte{0xa3, 0x00, 0x01, 0x01, 0xa1, 0x00, 0x61, 'p', 0x00, 0x01}), []string{"duplicate map key 0"}},
+		{"duplicate nested key", fromBytes([]byte{0xa2, 0x00, 0x01, 0x01, 0xa2, 0x00, 0x61, 'p', 0x00, 0x61, 'q'}), []string{"duplicate map key 0"}},
+		{"duplicate key int and text", fromBytes([]byte{0xa3, 0x00, 0x01, 0x01, 0xa1, 0x00, 0x61, 'p', 0x61, '0', 0x01}), []string{"duplicate map key"}},
+		{"indefinite-length array", func(t testing.TB) []byte {
+			b := append([]byte{0xa3}, rawEncode(t, 0)...)
+			b = append(b, rawEncode(t, 1)...)
+			b = append(b, 0x01, 0xa1, 0x00, 0x61, 'p')
+			b = append(b, 0x0a, 0x9f)
+			b = append(b, rawEncode(t, entry)...)
+			return append(b, 0xff)
+		}, []string{"indefinite-length array"}},
+		{"indefinite-length map", fromBytes([]byte{0xbf, 0x00, 0x01, 0x01, 0xa1, 0x00, 0x61, 'p', 0xff}), []string{"indefinite-length map"}},
+		{"indefinite-length text", fromBytes([]byte{0xa2, 0x00, 0x01, 0x01, 0xa1, 0x00, 0x7f, 0x61, 'p', 0xff}), []string{"indefinite-length UTF-8 text string"}},
+		{"self-describe tag", func(t testing.TB) []byte { return append([]byte{0xd9, 0xd9, 0xf7}, mustEncode(t, heartbeat())...) }, []string{"tag"}},
+		{"tagged field", fromBytes([]byte{0xa3, 0x00, 0x01, 0x01, 0xa1, 0x00, 0x61, 'p', 0x03, 0xc1, 0x01}), []string{"tag"}},
+		{"wrong type", raw(header(map[int]any{2: "seq"})), []string{"crdt.Batch.2 of type uint64"}},
+		{"float for int", raw(header(map[int]any{3: 1.5})), []string{"crdt.Batch.3 of type int64"}},
+		{"byte string for text", raw(map[int]any{0: 1, 1: map[int]any{0: []byte("p")}}), []string{"crdt.Batch.1 of type string"}},
+		{"slot index overflows uint32", raw(header(map[int]any{10: []any{map[int]any{0: uint64(1) << 32, 1: "r", 2: "k", 3: 1000, 4: 1}}})), []string{"crdt.Batch.10 of type uint32"}},
+		{"not a map", raw([]any{1, 2}), []string{"cannot unmarshal"}},
+		{"trailing data", func(t testing.TB) []byte { return append(mustEncode(t, heartbeat()), 0x00) }, []string{"extraneous data"}},
+		{"empty input", fromBytes(nil), []string{"EOF"}},
+		{"truncated", func(t testing.TB) []byte { d := mustEncode(t, fullBatch()); return d[:len(d)-1] }, []string{"EOF"}},
+		{"deeply nested", func(testing.TB) []byte {
+			return append(bytes.Repeat([]byte{0x81}, 1000), 0x00)
+		}, []string{"max nested level"}},
+		{"deeply nested field", func(t testing.TB) []byte {
+			var v any = 0
+			for range 10 {
+				v = []any{v}
+			}
+			return rawEncode(t, header(map[int]any{10: v}))
+		}, []string{"max nested level"}},
+		{"invalid UTF-8 rule", func(t testing.TB) []byte { return replaceOnce(t, one(t), "RULE", "RU\xffE") }, []string{"UTF-8"}},
+		{"invalid UTF-8 key", func(t testing.TB) []byte { return replaceOnce(t, one(t), "KEYX", "KE\xc3\x28") }, []string{"UTF-8"}},
+		{"invalid UTF-8 peer", func(t testing.TB) []byte {
+			return rawEncode(t, map[int]any{0: 1, 1: map[int]any{0: "\xed\xa0\x80"}}) // a surrogate
+		}, []string{"UTF-8"}},
+		{"over MaxBatchBytes", func(t testing.TB) []byte {
+			// A valid prefix padded far beyond the cap: refused on size
+			// before any parsing.
+			return append(mustEncode(t, heartbeat()), make([]byte, crdt.MaxBatchBytes)...)
+		}, []string{"bytes, over the 1048576-byte cap"}},
+
+		// Entries.
+		{"entries over MaxEntries in one array", mut(func(b *crdt.Batch) { b.Windows, b.Leases = windows(crdt.MaxEntries+1), nil }), []string{"max number of elements"}},
+		{"entries over MaxEntries in total", mut(func(b *crdt.Batch) {
+			b.Windows, b.Leases = windows(crdt.MaxEntries/2), leases(crdt.MaxEntries/2+1)
+		}), []string{"4097 entries"}},
+		{"key of 257 bytes", mut(func(b *crdt.Batch) { b.Windows[1].Key = strings.Repeat("k", crdt.MaxKeyLen+1) }), []string{"windows[1]", "key of 257 bytes"}},
+		{"lease key of 257 bytes", mut(func(b *crdt.Batch) { b.Leases[0].Key = strings.Repeat("k", crdt.MaxKeyLen+1) }), []string{"leases[0]", "key of 257 bytes"}},
+		{"empty key", mut(func(b *crdt.Batch) { b.Windows[0].Key = "" }), []string{"windows[0]", "empty key"}},
+		{"empty lease key", mut(func(b *crdt.Batch) { b.Leases[1].Key = "" }), []string{"leases[1]", "empty key"}},
+		{"empty rule", mut(func(b *crdt.Batch) { b.Windows[2].Rule = "" }), []string{"windows[2]", "empty rule"}},
+		{"empty lease rule", mut(func(b *crdt.Batch) { b.Leases[0].Rule = "" }), []string{"leases[0]", "empty rule"}},
+		{"rule of 129 bytes", mut(func(b *crdt.Batch) { b.Windows[0].Rule = strings.Repeat("r", crdt.MaxRuleLen+1) }), []string{"windows[0]", "rule of 129 bytes"}},
+		{"slot index beyond slots", mut(func(b *crdt.Batch) { b.Windows[0].Slot = 3 }), []string{"windows[0]", "slot 3"}},
+		{"slot index with no slots", mut(func(b *crdt.Batch) { b.Slots = nil; b.Windows = b.Windows[:1]; b.Leases[0].Slot, b.Leases[1].Slot = 0, 1 }), []string{"leases[1]", "slot 1"}},
+		{"slot index max uint32", mut(func(b *crdt.Batch) { b.Leases[0].Slot = math.MaxUint32 }), []string{"leases[0]", "slot 4294967295"}},
+		{"attempted below admitted", mut(func(b *crdt.Batch) { b.Windows[1].Admitted = 4 }), []string{"windows[1]", "attempted 3 below admitted 4"}},
+		{"released above acquired", mut(func(b *crdt.Batch) { b.Leases[1].Released = 4 }), []string{"leases[1]", "released 4 above acquired 3"}},
+		{"window_ms zero", mut(func(b *crdt.Batch) { b.Windows[0].WindowMs = 0 }), []string{"windows[0]", "window_ms 0"}},
+		{"window_ms negative", mut(func(b *crdt.Batch) { b.Windows[2].WindowMs = -1000 }), []string{"windows[2]", "window_ms -1000"}},
+		{"negative window", mut(func(b *crdt.Batch) { b.Windows[0].Window = -1 }), []string{"windows[0]", "window -1"}},
+		{"window out of range", mut(func(b *crdt.Batch) { b.Windows[0].WindowMs, b.Windows[0].Window = 1000, math.MaxInt64/1000 }), []string{"windows[0]", "out of range"}},
+	}
+}
+
+func TestDecodeBatchRefuses(t *testing.T) {
+	for _, tt := range badBatches() {
+		t.Run(tt.name, func(t *testing.T) {
+			data := tt.data(t)
+			var (
+				b   *crdt.Batch
+				err error
+			)
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("DecodeBatch panicked: %v", r)
+					}
+				}()
+				b, err = crdt.DecodeBatch(data)
+			}()
+			if err == nil {
+				t.Fatalf("DecodeBatch succeeded with %+v, want an error", b)
+			}
+			if b != nil {
+				t.Errorf("DecodeBatch returned a batch with its error")
+			}
+			if !errors.Is(err, crdt.ErrMalformed) {
+				t.Errorf("error %q does not wrap ErrMalformed", err)
+			}
+			for _, m := range tt.msg {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("error %q does not mention %q", err, m)
+				}
+			}
+		})
+	}
+}
+
+// TestDecodeBatchTruncated checks that every proper prefix of a valid
+// encoding is refused.
+func TestDecodeBatchTruncated(t *testing.T) {
+	data := mustEncode(t, fullBatch())
+	for n := range len(data) {
+		if _, err := crdt.DecodeBatch(data[:n]); !errors.Is(err, crdt.ErrMalformed) {
+			t.Fatalf("prefix of %d/%d bytes: err = %v, want ErrMalformed", n, len(data), err)
+		}
+	}
+}
+
+// TestEncodeRefuses checks that Encode validates: it refuses what
+// DecodeBatch would refuse, so what it encodes always decodes.
+func TestEncodeRefuses(t *testing.T) {
+	tests := []struct {
+		name string
+		f    func(b *crdt.Batch)
+		msg  string
+	}{
+		{"zero version", func(b *crdt.Batch) { b.Version = 0 }, "version 0"},
+		{"empty from peer", func(b *crdt.Batch) { b.From.Peer = "" }, "from: empty peer"},
+		{"empty key", func(b *crdt.Batch) { b.Windows[0].Key = "" }, "windows[0]: empty key"},
+		{"slot index beyond slots", func(b *crdt.Batch) { b.Leases[1].Slot = 3 }, "leases[1]: slot 3"},
+		{"attempted below admitted", func(b *crdt.Batch) { b.Windows[0].Attempted = 1 }, "windows[0]: attempted 1 below admitted 5"},
+		{"too many entries", func(b *crdt.Batch) { b.Windows, b.Leases = windows(crdt.MaxEntries), leases(1) }, "4097 entries"},
+		{"invalid UTF-8 rule", func(b *crdt.Batch) { b.Leases[0].Rule = "\xff" }, "leases[0]: rule is not UTF-8"},
+		{"invalid UTF-8 key", func(b *crdt.Batch) { b.Windows[1].Key = "acct:\xff" }, "windows[1]: key is not UTF-8"},
+		{"invalid UTF-8 lease key", func(b *crdt.Batch) { b.Leases[1].Key = "\xc3\x28" }, "leases[1]: key is not UTF-8"},
+		{"invalid UTF-8 from peer", func(b *crdt.Batch) { b.From.Peer = "\x12\x20\xff" }, "from: peer is not UTF-8"},
+		{"invalid UTF-8 slot peer", func(b *crdt.Batch) { b.Slots[0].Peer = "\xff" }, "slots[0]: peer is not UTF-8"},
+		{"invalid UTF-8 nack peer", func(b *crdt.Batch) { b.Nacks[0].Slot.Peer = "\xff" }, "nacks[0]: peer is not UTF-8"},
+		{"invalid UTF-8 evicted peer", func(b *crdt.Batch) { b.Evicted[0].Peer = "\xff" }, "evicted[0]: peer is not UTF-8"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := fullBatch()
+			tt.f(b)
+			data, err := b.Encode()
+			if err == nil {
+				_, derr := crdt.DecodeBatch(data)
+				t.Fatalf("Encode succeeded (and DecodeBatch of its output says %v), want an error", derr)
+			}
+			if !errors.Is(err, crdt.ErrMalformed) {
+				t.Errorf("error %q does not wrap ErrMalformed", err)
+			}
+			if !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("error %q does not mention %q", err, tt.msg)
+			}
+			if data != nil {
+				t.Errorf("Encode returned %d bytes with its error", len(data))
+			}
+			// Validate says the same.
+			if verr := b.Validate(); verr == nil || !strings.Contains(verr.Error(), tt.msg) {
+				t.Errorf("Validate = %v, want an error mentioning %q", verr, tt.msg)
+			}
+		})
+	}
+}
+
+// TestEncodeTooLarge checks that a batch within every count and length
+// bound but encoding beyond MaxBatchBytes is refused by Encode, though
+// Validate passes it.
+func TestEncodeTooLarge(t *testing.T) {
+	b := heartbeat()
+	b.Windows = windows(crdt.MaxEntries)
+	for i := range b.Windows {
+		b.Windows[i].Key = fmt.Sprintf("%0256d", i)
+	}
+	if err := b.Validate(); err != nil {
+		t.Fatalf("Validate = %v, want nil", err)
+	}
+	data, err := b.Encode()
+	if !errors.Is(err, crdt.ErrMalformed) || !strings.Contains(err.Error(), "over the 1048576-byte cap") {
+		t.Errorf("Encode = %d bytes, %v; want ErrMalformed over the cap", len(data), err)
+	}
+}

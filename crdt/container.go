@@ -1,0 +1,212 @@
+package crdt
+
+// Window holds the counters of one (rule, key, window_ms, window index): the
+// admitted credits and the attempted credits (admitted plus rejected, the
+// demand signal), one value per slot each.
+type Window struct {
+	WindowMs  int64    // the window length in milliseconds; part of the identity
+	Index     int64    // floor(mesh_ms / WindowMs)
+	Admitted  GCounter // admitted credits per slot
+	Attempted GCounter // attempted credits per slot (≥ admitted)
+
+	// Acked is owner-side bookkeeping, never replicated: the owner's own
+	// admitted value in this window that every live member has acknowledged.
+	// The owner's value minus Acked is the usage the others may not have
+	// seen yet.
+	Acked uint64
+
+	series *Series
+	dirty  bool
+}
+
+// Series returns the key the window belongs to.
+func (w *Window) Series() *Series { return w.series }
+
+// Start returns the window's first millisecond.
+func (w *Window) Start() int64 { return w.Index * w.WindowMs }
+
+// End returns the first millisecond after the window.
+func (w *Window) End() int64 { return (w.Index + 1) * w.WindowMs }
+
+// Expired reports whether the window and the next one have both ended at
+// nowMs, which is when the window stops mattering to any algorithm (a
+// sliding window reads the previous window) and may be dropped.
+func (w *Window) Expired(nowMs int64) bool { return nowMs >= (w.Index+2)*w.WindowMs }
+
+// Series is everything held for one (rule, key): its windows, ascending by
+// (WindowMs, Index), and for concurrency rules its lease counter.
+type Series struct {
+	Key     string
+	Windows []*Window
+	Leases  PNCounter
+	// LeasesAcked is owner-side bookkeeping like Window.Acked: the owner's
+	// net acquired leases every live member has acknowledged.
+	LeasesAcked int64
+
+	rule        *RuleSet
+	leasesDirty bool
+}
+
+// Rule returns the rule set the series belongs to.
+func (s *Series) Rule() *RuleSet { return s.rule }
+
+// Window returns the window (windowMs, index), or nil.
+func (s *Series) Window(windowMs, index int64) *Window {
+	for _, w := range s.Windows {
+		if w.WindowMs == windowMs && w.Index == index {
+			return w
+		}
+	}
+	return nil
+}
+
+// EnsureWindow returns the window (windowMs, index), creating it if needed.
+func (s *Series) EnsureWindow(windowMs, index int64) *Window {
+	if w := s.Window(windowMs, index); w != nil {
+		return w
+	}
+	w := &Window{WindowMs: windowMs, Index: index, series: s}
+	i := len(s.Windows)
+	for i > 0 {
+		p := s.Windows[i-1]
+		if p.WindowMs < windowMs || (p.WindowMs == windowMs && p.Index < index) {
+			break
+		}
+		i--
+	}
+	s.Windows = append(s.Windows, nil)
+	copy(s.Windows[i+1:], s.Windows[i:])
+	s.Windows[i] = w
+	return w
+}
+
+// RuleSet holds the series of one rule, by key.
+type RuleSet struct {
+	Name string
+	keys map[string]*Series
+	c    *Container
+}
+
+// Series returns the series of key, or nil.
+func (r *RuleSet) Series(key string) *Series { return r.keys[key] }
+
+// Ensure returns the series of key, creating it if needed.
+func (r *RuleSet) Ensure(key string) *Series {
+	if s := r.keys[key]; s != nil {
+		return s
+	}
+	s := &Series{Key: key, rule: r}
+	r.keys[key] = s
+	return s
+}
+
+// Len returns how many keys the rule holds.
+func (r *RuleSet) Len() int { return len(r.keys) }
+
+// Each calls f for every series; the order is unspecified, so callers that
+// need determinism sort.
+func (r *RuleSet) Each(f func(*Series)) {
+	for _, s := range r.keys {
+		f(s)
+	}
+}
+
+// Container holds every rule's windowed counters and lease counters, and the
+// set of windows and lease counters whose own slot changed since the last
+// TakeDirty. The zero value is not usable; call NewContainer.
+type Container struct {
+	rules       map[string]*RuleSet
+	dirtyWin    []*Window
+	dirtyLeases []*Series
+}
+
+// NewContainer returns an empty container.
+func NewContainer() *Container {
+	return &Container{rules: make(map[string]*RuleSet)}
+}
+
+// Rule returns the rule set called name, creating it if needed.
+func (c *Container) Rule(name string) *RuleSet {
+	if r := c.rules[name]; r != nil {
+		return r
+	}
+	r := &RuleSet{Name: name, keys: make(map[string]*Series), c: c}
+	c.rules[name] = r
+	return r
+}
+
+// Lookup returns the rule set called name, or nil.
+func (c *Container) Lookup(name string) *RuleSet { return c.rules[name] }
+
+// Rules returns the names of the rule sets held, unsorted.
+func (c *Container) Rules() []string {
+	names := make([]string, 0, len(c.rules))
+	for n := range c.rules {
+		names = append(names, n)
+	}
+	return names
+}
+
+// MarkDirty records that the owner's slot in w changed and must be
+// published. Marking twice before TakeDirty records it once.
+func (c *Container) MarkDirty(w *Window) {
+	if !w.dirty {
+		w.dirty = true
+		c.dirtyWin = append(c.dirtyWin, w)
+	}
+}
+
+// MarkLeasesDirty records that the owner's slot in s.Leases changed.
+func (c *Container) MarkLeasesDirty(s *Series) {
+	if !s.leasesDirty {
+		s.leasesDirty = true
+		c.dirtyLeases = append(c.dirtyLeases, s)
+	}
+}
+
+// TakeDirty returns the windows and lease counters marked dirty since the
+// last call, in the order they were first marked, and clears the marks.
+func (c *Container) TakeDirty() ([]*Window, []*Series) {
+	ws, ls := c.dirtyWin, c.dirtyLeases
+	for _, w := range ws {
+		w.dirty = false
+	}
+	for _, s := range ls {
+		s.leasesDirty = false
+	}
+	c.dirtyWin, c.dirtyLeases = nil, nil
+	return ws, ls
+}
+
+// Dirty reports how many windows and lease counters are marked dirty.
+func (c *Container) Dirty() int { return len(c.dirtyWin) + len(c.dirtyLeases) }
+
+// Collect drops every window that is Expired at nowMs, and every series left
+// with no window and no lease counts, and returns how many windows it
+// dropped. Dead and departed members' counts keep counting until their
+// windows are collected like everyone else's. A series whose lease counter
+// ever held a value is kept, because the owner's slot must never restart
+// from zero while peers remember a larger value.
+func (c *Container) Collect(nowMs int64) int {
+	dropped := 0
+	for _, r := range c.rules {
+		for key, s := range r.keys {
+			kept := s.Windows[:0]
+			for _, w := range s.Windows {
+				if w.Expired(nowMs) && !w.dirty {
+					dropped++
+					continue
+				}
+				kept = append(kept, w)
+			}
+			for i := len(kept); i < len(s.Windows); i++ {
+				s.Windows[i] = nil
+			}
+			s.Windows = kept
+			if len(s.Windows) == 0 && s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0 && !s.leasesDirty {
+				delete(r.keys, key)
+			}
+		}
+	}
+	return dropped
+}

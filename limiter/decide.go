@@ -1,0 +1,238 @@
+package limiter
+
+import (
+	"math"
+	"time"
+)
+
+// Never is the RetryAfter of a request that can never be admitted: its cost
+// exceeds the key's limit.
+const Never time.Duration = -1
+
+// Reason says why a decision came out as it did; it feeds metrics.
+type Reason uint8
+
+// The reasons.
+const (
+	ReasonAdmitted  Reason = iota // within the share
+	ReasonLimit                   // the global limit is reached
+	ReasonShare                   // global room exists, but not within this member's share yet
+	ReasonCost                    // the cost exceeds the limit: never admissible
+	ReasonKeyCap                  // a new key at max_keys with every key active
+	ReasonJoining                 // the member has not joined the mesh yet
+	ReasonUnlimited               // an unlimited class: admitted, counted
+)
+
+var reasonNames = [...]string{"admitted", "limit", "share", "cost", "key_cap", "joining", "unlimited"}
+
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// Decision is the answer to one check.
+type Decision struct {
+	Allowed bool
+	// Limit is the key's limit after override and class multiplier,
+	// before any partition scaling.
+	Limit uint64
+	// Remaining is the global remaining as this member sees it,
+	// max(0, limit − merged usage), after this request.
+	Remaining uint64
+	// ResetAfter is the time until the current window ends (0 for
+	// concurrency).
+	ResetAfter time.Duration
+	// RetryAfter is 0 when allowed; otherwise the earliest moment a retry
+	// could succeed as this member estimates it (rounded up to a
+	// millisecond), or Never.
+	RetryAfter time.Duration
+	// Shadow reports a request that was admitted only because the rule is
+	// in shadow mode.
+	Shadow bool
+	Reason Reason
+}
+
+// Env is what a decision needs to know about the mesh at this moment.
+type Env struct {
+	// NowMs is mesh time in Unix milliseconds.
+	NowMs int64
+	// Members is N, the live members (alive and suspect), at least 1.
+	Members int
+	// Scale multiplies the limit: alive/(alive+suspect) under the strict
+	// partition policy, 1 otherwise (0 means 1).
+	Scale float64
+	// AckDelay is how long this member expects acknowledgements to take
+	// to return: the retry hint when the only obstacle is its share.
+	AckDelay time.Duration
+}
+
+// Usage is one key's usage around now, as this member knows it: merged
+// values over every slot, and the part of this member's own usage that not
+// every live member has acknowledged yet (u).
+type Usage struct {
+	Cur, Prev               uint64 // merged admitted credits: current and previous window (or live leases in Cur)
+	CurUnacked, PrevUnacked uint64 // this member's unacknowledged part of them
+}
+
+// weighted returns the usage and its unacknowledged part at elapsed
+// fraction e: the sliding window weighs the previous window by 1−e.
+func (u Usage) weighted(alg Algorithm, e float64) (used, unacked float64) {
+	used, unacked = float64(u.Cur), float64(u.CurUnacked)
+	if alg == SlidingWindow {
+		w := 1 - e
+		used += float64(u.Prev) * w
+		unacked += float64(u.PrevUnacked) * w
+	}
+	return used, unacked
+}
+
+func (e Env) scale() float64 {
+	if e.Scale <= 0 || e.Scale > 1 {
+		return 1
+	}
+	return e.Scale
+}
+
+func (e Env) members() float64 {
+	if e.Members < 1 {
+		return 1
+	}
+	return float64(e.Members)
+}
+
+// position returns the elapsed fraction of the current window and the time
+// until it ends.
+func position(windowMs, nowMs int64) (elapsed float64, reset time.Duration) {
+	if windowMs <= 0 {
+		return 0, 0
+	}
+	into := nowMs % windowMs
+	if into < 0 {
+		into += windowMs
+	}
+	return float64(into) / float64(windowMs), time.Duration(windowMs-into) * time.Millisecond
+}
+
+// Decide applies the equal-share rule to one request of cost credits
+// against a key whose effective limit is limit:
+//
+//	admit iff P + N·(u + c) ≤ L
+//
+// where u is this member's unacknowledged usage, P the merged usage minus u,
+// N the live members and L the limit times the partition scale. When the
+// member's share (L − P)/N − u is positive but smaller than c, the request
+// is admitted iff draw < share/c: draw is fixed per key and window, so that
+// across N members about L/c requests pass even when L < N·c (a limit of 10
+// per second over 96 members still admits about 10 per second, and never
+// none). A cost of 0 is a peek: allowed iff the share is not exhausted.
+//
+// Decide is pure: it records nothing. The rule must be valid.
+func (r *Rule) Decide(limit, cost uint64, u Usage, env Env, draw float64) Decision {
+	elapsed, reset := position(r.WindowMs(), env.NowMs)
+	used, unacked := u.weighted(r.Algorithm, elapsed)
+	d := Decision{Limit: limit, ResetAfter: reset}
+	if cost > limit {
+		d.Reason = ReasonCost
+		d.RetryAfter = Never
+	} else {
+		L := float64(limit) * env.scale()
+		P := used - unacked
+		share := (L-P)/env.members() - unacked
+		c := float64(cost)
+		switch {
+		case share >= c:
+			d.Allowed = true
+		case cost > 0 && share > 0:
+			d.Allowed = draw < share/c
+		}
+		if d.Allowed {
+			d.Reason = ReasonAdmitted
+		} else if used+c <= L {
+			d.Reason = ReasonShare
+		} else {
+			d.Reason = ReasonLimit
+		}
+	}
+	if !d.Allowed {
+		d.RetryAfter = r.retryAfter(limit, cost, u, env, d.Reason)
+		if r.Shadow {
+			d.Allowed, d.Shadow = true, true
+		}
+	}
+	after := used
+	if d.Allowed {
+		after += float64(cost)
+	}
+	if rem := float64(limit) - after; rem > 0 {
+		d.Remaining = uint64(math.Floor(rem))
+	}
+	return d
+}
+
+func (r *Rule) retryAfter(limit, cost uint64, u Usage, env Env, reason Reason) time.Duration {
+	switch reason {
+	case ReasonCost:
+		return Never
+	case ReasonShare:
+		return ceilMs(env.AckDelay)
+	}
+	return r.Earliest(limit, cost, u, env)
+}
+
+// Earliest returns how long from now until a request of cost credits could
+// first fit under the key's limit, assuming no further usage arrives and
+// every unacknowledged usage is acknowledged by then: 0 if it fits now,
+// Never if it never can. It is the math behind Wait and RetryAfter; for a
+// concurrency rule, where room appears only when a lease ends, it returns
+// the rule's lease TTL as the bound.
+func (r *Rule) Earliest(limit, cost uint64, u Usage, env Env) time.Duration {
+	if cost > limit {
+		return Never
+	}
+	L := float64(limit) * env.scale()
+	c := float64(cost)
+	if r.Algorithm == Concurrency {
+		if float64(u.Cur)+c <= L {
+			return 0
+		}
+		return r.LeaseTTL
+	}
+	w := float64(r.WindowMs())
+	elapsed, reset := position(r.WindowMs(), env.NowMs)
+	cur, prev := float64(u.Cur), float64(u.Prev)
+	if r.Algorithm == FixedWindow {
+		if cur+c <= L {
+			return 0
+		}
+		return reset
+	}
+	// Sliding: within this window, U(t) = prev·(1 − e − t/w) + cur.
+	if x := L - cur - c; x >= 0 {
+		if prev == 0 || prev*(1-elapsed) <= x {
+			return 0
+		}
+		t := w*(1-elapsed) - w*x/prev
+		return ceilMs(time.Duration(t * float64(time.Millisecond)))
+	}
+	// Next window: U(s) = cur·(1 − s/w) after it starts.
+	x := L - c
+	if x < 0 {
+		// Even an empty window is too small at this scale (a partition
+		// shrank L); the window's end is the best estimate.
+		return reset
+	}
+	s := w * (1 - x/cur)
+	if s < 0 {
+		s = 0
+	}
+	return ceilMs(reset + time.Duration(s*float64(time.Millisecond)))
+}
+
+func ceilMs(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return (d + time.Millisecond - 1) / time.Millisecond * time.Millisecond
+}

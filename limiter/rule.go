@@ -1,0 +1,386 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Algorithm names how a rule counts.
+type Algorithm string
+
+// The algorithms.
+const (
+	FixedWindow   Algorithm = "fixed_window"   // credits per aligned window
+	SlidingWindow Algorithm = "sliding_window" // previous window weighted by the part still inside the last window length
+	Concurrency   Algorithm = "concurrency"    // leases held at once
+)
+
+// Mode names what happens when demand exceeds the limit.
+type Mode string
+
+// The modes.
+const (
+	Reject   Mode = "reject"   // deny what does not fit
+	Suppress Mode = "suppress" // admit the fraction limit/demand (not implemented yet)
+)
+
+// Share names how the remaining headroom is divided among the members.
+type Share string
+
+// The shares.
+const (
+	Equal  Share = "equal"  // each live member takes 1/N
+	Demand Share = "demand" // shares follow attempted usage (not implemented yet)
+)
+
+// Defaults applied by Rule.Normalize to fields left zero.
+const (
+	DefaultMaxKeys     = 1_000_000
+	DefaultLeaseTTL    = 60 * time.Second
+	DefaultDemandFloor = 0.05
+	// MaxLimit and MaxCost bound limits and costs so that every sum of them
+	// stays exact in float64 arithmetic.
+	MaxLimit uint64 = 1 << 50
+	MaxCost  uint64 = 1 << 50
+	// MaxWindow is the longest window accepted: a year.
+	MaxWindow = 366 * 24 * time.Hour
+)
+
+// Sentinel errors; every error the package returns wraps one of them.
+var (
+	ErrInvalidRule    = errors.New("limiter: invalid rule")
+	ErrNotImplemented = errors.New("limiter: not implemented in this version")
+	ErrUnknownClass   = errors.New("limiter: unknown class")
+	ErrUnknownType    = errors.New("limiter: unknown request type")
+	ErrBadCost        = errors.New("limiter: bad cost")
+	ErrBadKey         = errors.New("limiter: bad key")
+	ErrWrongAlgorithm = errors.New("limiter: wrong algorithm for this call")
+)
+
+// RuleError names the rule and the field a validation failure is about.
+type RuleError struct {
+	Rule  string
+	Field string
+	Msg   string
+	Err   error // ErrInvalidRule or ErrNotImplemented
+}
+
+func (e *RuleError) Error() string {
+	return fmt.Sprintf("rule %q: %s: %s", e.Rule, e.Field, e.Msg)
+}
+
+// Unwrap returns the sentinel the error is an instance of.
+func (e *RuleError) Unwrap() error { return e.Err }
+
+// Class scales a key's limit for one class of client: a multiplier, or
+// unlimited (always admitted, still counted).
+type Class struct {
+	Multiplier float64
+	Unlimited  bool
+}
+
+// Cost converts a request type's units into credits: Each credits per unit,
+// or one credit per Per units, rounded up. Exactly one of them is set.
+type Cost struct {
+	Each uint64
+	Per  uint64
+}
+
+// Rule is one rate limit. The zero value is not a valid rule; fill it and
+// call Normalize, which validates it.
+type Rule struct {
+	Name      string
+	Algorithm Algorithm
+	// Limit is credits per window, or concurrent leases.
+	Limit uint64
+	// Window is the window length (windowed algorithms only); it must be
+	// a whole number of milliseconds.
+	Window time.Duration
+	Mode   Mode  // default Reject
+	Share  Share // default Equal
+	// DemandFloor is the smallest share a quiet member keeps under
+	// Share Demand; default 0.05.
+	DemandFloor float64
+	Pace        bool
+	Classes     map[string]Class
+	Costs       map[string]Cost
+	// Overrides replaces Limit for individual keys.
+	Overrides map[string]uint64
+	// MaxKeys caps the keys held; at the cap with every key active, new
+	// keys are denied. Default 1,000,000.
+	MaxKeys int
+	// Shadow decides and counts but never denies.
+	Shadow bool
+	// LeaseTTL is how long a lease lives unless renewed (concurrency
+	// only); default 60s.
+	LeaseTTL time.Duration
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]*$`)
+
+// Normalize fills defaults and validates the rule. The error, a *RuleError,
+// names the rule and the field (as the YAML config spells it).
+func (r *Rule) Normalize() error {
+	if r.Mode == "" {
+		r.Mode = Reject
+	}
+	if r.Share == "" {
+		r.Share = Equal
+	}
+	if r.DemandFloor == 0 {
+		r.DemandFloor = DefaultDemandFloor
+	}
+	if r.MaxKeys == 0 {
+		r.MaxKeys = DefaultMaxKeys
+	}
+	if r.Algorithm == Concurrency && r.LeaseTTL == 0 {
+		r.LeaseTTL = DefaultLeaseTTL
+	}
+	return r.Validate()
+}
+
+// Validate checks the rule without changing it.
+func (r *Rule) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &RuleError{Rule: r.Name, Field: field, Msg: fmt.Sprintf(format, args...), Err: ErrInvalidRule}
+	}
+	unimpl := func(field, value string) error {
+		return &RuleError{Rule: r.Name, Field: field, Msg: fmt.Sprintf("%q is not implemented in this version", value), Err: ErrNotImplemented}
+	}
+	switch {
+	case r.Name == "":
+		return bad("name", "must not be empty")
+	case len(r.Name) > 128:
+		return bad("name", "%d bytes, at most 128", len(r.Name))
+	case !nameRE.MatchString(r.Name):
+		return bad("name", "may hold only letters, digits and _ . : - and must start with a letter or digit")
+	}
+	windowed := r.Algorithm == FixedWindow || r.Algorithm == SlidingWindow
+	switch {
+	case windowed, r.Algorithm == Concurrency:
+	case r.Algorithm == "":
+		return bad("algorithm", "must be set: fixed_window, sliding_window or concurrency")
+	default:
+		return bad("algorithm", "%q is not one of fixed_window, sliding_window, concurrency", r.Algorithm)
+	}
+	if r.Limit < 1 {
+		return bad("limit", "must be at least 1")
+	}
+	if r.Limit > MaxLimit {
+		return bad("limit", "%d is over the maximum %d", r.Limit, MaxLimit)
+	}
+	if windowed {
+		switch {
+		case r.Window <= 0:
+			return bad("window", "must be positive, for example 1s")
+		case r.Window%time.Millisecond != 0:
+			return bad("window", "%v is not a whole number of milliseconds", r.Window)
+		case r.Window > MaxWindow:
+			return bad("window", "%v is longer than the maximum %v", r.Window, MaxWindow)
+		}
+		if r.LeaseTTL != 0 {
+			return bad("lease_ttl", "applies to concurrency rules only")
+		}
+	} else {
+		if r.Window != 0 {
+			return bad("window", "concurrency rules have no window; remove it")
+		}
+		switch {
+		case r.LeaseTTL < 0:
+			return bad("lease_ttl", "must be positive")
+		case r.LeaseTTL != 0 && r.LeaseTTL < time.Millisecond:
+			return bad("lease_ttl", "%v is shorter than 1ms", r.LeaseTTL)
+		}
+	}
+	switch r.Mode {
+	case "", Reject:
+	case Suppress:
+		return unimpl("mode", string(r.Mode))
+	default:
+		return bad("mode", "%q is not one of reject, suppress", r.Mode)
+	}
+	switch r.Share {
+	case "", Equal:
+	case Demand:
+		return unimpl("share", string(r.Share))
+	default:
+		return bad("share", "%q is not one of equal, demand", r.Share)
+	}
+	if r.DemandFloor < 0 || r.DemandFloor > 1 || math.IsNaN(r.DemandFloor) {
+		return bad("demand_floor", "%v is not within 0 and 1", r.DemandFloor)
+	}
+	if r.Pace {
+		return unimpl("pace", "true")
+	}
+	for _, name := range sortedKeys(r.Classes) {
+		c := r.Classes[name]
+		field := "classes." + name
+		switch {
+		case name == "":
+			return bad("classes", "a class name must not be empty")
+		case c.Unlimited && c.Multiplier != 0:
+			return bad(field, "is either unlimited or a multiplier, not both")
+		case !c.Unlimited && (!(c.Multiplier > 0) || math.IsInf(c.Multiplier, 0) || c.Multiplier > 1e6):
+			return bad(field, "multiplier %v must be positive and at most 1000000 (or unlimited)", c.Multiplier)
+		case !c.Unlimited && float64(r.Limit)*c.Multiplier > float64(MaxLimit):
+			return bad(field, "limit × %v is over the maximum %d", c.Multiplier, MaxLimit)
+		}
+	}
+	if r.Algorithm == Concurrency && len(r.Costs) > 0 {
+		return bad("costs", "concurrency rules count leases, not costs; remove it")
+	}
+	for _, name := range sortedKeys(r.Costs) {
+		c := r.Costs[name]
+		field := "costs." + name
+		switch {
+		case name == "":
+			return bad("costs", "a request type must not be empty")
+		case (c.Each == 0) == (c.Per == 0):
+			return bad(field, "set exactly one of each and per, at least 1")
+		case c.Each > MaxCost:
+			return bad(field, "each %d is over the maximum cost %d", c.Each, MaxCost)
+		}
+	}
+	for _, key := range sortedKeys(r.Overrides) {
+		field := fmt.Sprintf("overrides[%q]", key)
+		lim := r.Overrides[key]
+		switch {
+		case key == "" || len(key) > 256:
+			return bad("overrides", "key %q must be 1 to 256 bytes", key)
+		case lim < 1:
+			return bad(field, "limit must be at least 1")
+		case lim > MaxLimit:
+			return bad(field, "limit %d is over the maximum %d", lim, MaxLimit)
+		}
+	}
+	if r.MaxKeys < 0 {
+		return bad("max_keys", "must not be negative")
+	}
+	return nil
+}
+
+// WindowMs returns the window length in milliseconds (0 for concurrency).
+func (r *Rule) WindowMs() int64 { return r.Window.Milliseconds() }
+
+// LimitFor returns the effective limit of key for class: the key's override
+// or the rule's limit, times the class multiplier (rounded down, at least
+// 1). An unlimited class reports unlimited and the unscaled limit.
+func (r *Rule) LimitFor(key, class string) (limit uint64, unlimited bool, err error) {
+	limit = r.Limit
+	if len(r.Overrides) > 0 {
+		if o, ok := r.Overrides[key]; ok {
+			limit = o
+		}
+	}
+	if class == "" {
+		return limit, false, nil
+	}
+	c, ok := r.Classes[class]
+	if !ok {
+		return 0, false, fmt.Errorf("%w %q for rule %q", ErrUnknownClass, class, r.Name)
+	}
+	if c.Unlimited {
+		return limit, true, nil
+	}
+	scaled := math.Floor(float64(limit) * c.Multiplier)
+	if scaled < 1 {
+		scaled = 1
+	}
+	return uint64(scaled), false, nil
+}
+
+// Request describes what one check asks for. With neither HasCost nor Type
+// it costs 1 credit; Cost 0 with HasCost is a peek that consumes nothing.
+type Request struct {
+	Cost    uint64
+	HasCost bool
+	Type    string // a request type from the rule's Costs …
+	Units   uint64 // … and how many units of it
+	Class   string // a class from the rule's Classes, or "" for none
+}
+
+// CostOf resolves a request's cost in credits.
+func (r *Rule) CostOf(req Request) (uint64, error) {
+	switch {
+	case req.HasCost && req.Type != "":
+		return 0, fmt.Errorf("%w: cost and type are mutually exclusive", ErrBadCost)
+	case req.HasCost:
+		if req.Cost > MaxCost {
+			return 0, fmt.Errorf("%w: cost %d is over the maximum %d", ErrBadCost, req.Cost, MaxCost)
+		}
+		return req.Cost, nil
+	case req.Type == "":
+		return 1, nil
+	}
+	c, ok := r.Costs[req.Type]
+	if !ok {
+		return 0, fmt.Errorf("%w %q for rule %q", ErrUnknownType, req.Type, r.Name)
+	}
+	var cost uint64
+	if c.Each > 0 {
+		if req.Units > MaxCost/c.Each {
+			return 0, fmt.Errorf("%w: %d units of %q cost over the maximum %d", ErrBadCost, req.Units, req.Type, MaxCost)
+		}
+		cost = req.Units * c.Each
+	} else {
+		cost = req.Units / c.Per
+		if req.Units%c.Per != 0 {
+			cost++
+		}
+	}
+	return cost, nil
+}
+
+// Hash returns a stable hash of the rule's full definition, so peers can
+// tell whether they run the same rules.
+func (r *Rule) Hash() uint64 {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s|%s|%d|%d|%s|%s|%g|%t|%d|%t|%d", r.Name, r.Algorithm, r.Limit, r.Window, r.Mode, r.Share, r.DemandFloor, r.Pace, r.MaxKeys, r.Shadow, r.LeaseTTL)
+	for _, k := range sortedKeys(r.Classes) {
+		fmt.Fprintf(&b, "|c%q=%g/%t", k, r.Classes[k].Multiplier, r.Classes[k].Unlimited)
+	}
+	for _, k := range sortedKeys(r.Costs) {
+		fmt.Fprintf(&b, "|t%q=%d/%d", k, r.Costs[k].Each, r.Costs[k].Per)
+	}
+	for _, k := range sortedKeys(r.Overrides) {
+		fmt.Fprintf(&b, "|o%q=%d", k, r.Overrides[k])
+	}
+	return fnv64(b.String())
+}
+
+// HashRules combines the hashes of a rule set, independent of order.
+func HashRules(rules []Rule) uint64 {
+	hs := make([]uint64, len(rules))
+	for i := range rules {
+		hs[i] = rules[i].Hash()
+	}
+	sort.Slice(hs, func(i, j int) bool { return hs[i] < hs[j] })
+	var b strings.Builder
+	for _, h := range hs {
+		fmt.Fprintf(&b, "%016x", h)
+	}
+	return fnv64(b.String())
+}
+
+func fnv64(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,93 @@
+package node_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/node"
+	"github.com/ratemesh/ratemesh/node/nodetest"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func newCore(t testing.TB, peer string, seed uint64, now time.Time, rules []limiter.Rule, mut func(*node.CoreConfig)) *node.Core {
+	t.Helper()
+	cfg := node.DefaultCoreConfig()
+	cfg.Peer = peer
+	cfg.Incarnation = node.NextIncarnation(0, now)
+	cfg.Rules = rules
+	cfg.Rand = rand.New(rand.NewPCG(seed, 1))
+	if mut != nil {
+		mut(&cfg)
+	}
+	c, err := node.NewCore(cfg, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func apiRule(alg limiter.Algorithm, limit uint64) []limiter.Rule {
+	return []limiter.Rule{{Name: "api", Algorithm: alg, Limit: limit, Window: time.Second}}
+}
+
+// cluster builds n cores on a fresh network.
+func cluster(t testing.TB, n int, seed uint64, rules []limiter.Rule, mut func(*node.CoreConfig)) *nodetest.Network {
+	t.Helper()
+	net := nodetest.New(seed, t0)
+	for i := range n {
+		net.Add(newCore(t, fmt.Sprintf("n%02d", i), seed*100+uint64(i), t0, rules, mut))
+	}
+	return net
+}
+
+// offer drives rate requests per second of one key, spread uniformly over
+// the given members, and counts admissions per true window.
+type offer struct {
+	rate    float64
+	members []int
+	key     string
+	acc     float64
+	perWin  map[int64]uint64
+}
+
+func (o *offer) drive(t testing.TB, net *nodetest.Network, step time.Duration) func(time.Time) {
+	return func(now time.Time) {
+		o.acc += o.rate * step.Seconds()
+		for o.acc >= 1 {
+			o.acc--
+			i := o.members[net.Rand().IntN(len(o.members))]
+			d, err := net.Core(i).Allow(net.Local(i), "api", o.key, limiter.Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				o.perWin[now.UnixMilli()/1000]++
+			}
+		}
+	}
+}
+
+func TestAccuracyFiveCores(t *testing.T) {
+	for _, alg := range []limiter.Algorithm{limiter.FixedWindow, limiter.SlidingWindow} {
+		t.Run(string(alg), func(t *testing.T) {
+			net := cluster(t, 5, 7, apiRule(alg, 1000), nil)
+			net.Delay = 5 * time.Millisecond
+			o := &offer{rate: 10000, members: []int{0, 1, 2, 3, 4}, key: "k", perWin: map[int64]uint64{}}
+			if err := net.Run(6*time.Second, o.drive(t, net, net.Step)); err != nil {
+				t.Fatal(err)
+			}
+			first := t0.UnixMilli() / 1000
+			for w := first + 1; w < first+6; w++ {
+				got := o.perWin[w]
+				t.Logf("window %d: admitted %d", w-first, got)
+				if got > 1020 || got < 950 {
+					t.Errorf("window %d admitted %d, want within [950, 1020]", w-first, got)
+				}
+			}
+		})
+	}
+}

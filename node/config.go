@@ -1,0 +1,146 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/limiter"
+)
+
+// Policy is the partition policy: what a side of a partition may use once
+// members on the other side turn suspect.
+type Policy string
+
+// The partition policies.
+const (
+	// Strict keeps suspect members in N and scales the limit by
+	// alive/(alive+suspect), so the sides together never exceed the limit,
+	// until a silent member is evicted after EvictAfter (or by hand).
+	Strict Policy = "strict"
+	// Available drops members silent past DeadAfter, so each side of a
+	// partition may use the whole limit.
+	Available Policy = "available"
+)
+
+// ErrInvalidConfig wraps every configuration error.
+var ErrInvalidConfig = errors.New("node: invalid config")
+
+// CoreConfig configures a Core. Start from DefaultCoreConfig.
+type CoreConfig struct {
+	// Peer is this member's peer ID; with Incarnation it forms its slot.
+	Peer string
+	// Incarnation must grow across restarts: use NextIncarnation.
+	Incarnation uint64
+	// Rules are the rate limits. Each is normalised and validated; one
+	// invalid rule fails NewCore with an error naming it.
+	Rules []limiter.Rule
+	// SyncInterval is how often own changes are published as one batch.
+	SyncInterval time.Duration
+	// Heartbeat is how often an idle member still sends a batch.
+	Heartbeat time.Duration
+	// RepairInterval is how often a member re-announces its slots that
+	// changed since its last repair, so a lost last delta heals.
+	RepairInterval time.Duration
+	// SuspectAfter is the silence that makes a member suspect.
+	SuspectAfter time.Duration
+	// DeadAfter is the silence after which a member is dead (Available).
+	DeadAfter time.Duration
+	// EvictAfter is the silence after which a member is evicted (Strict).
+	EvictAfter time.Duration
+	// Policy is the partition policy.
+	Policy Policy
+	// Join says that peers are configured or known: the member is not
+	// ready until its first anti-entropy exchange completes or JoinTimeout
+	// passes. Without it the member is ready at once.
+	Join        bool
+	JoinTimeout time.Duration
+	// MaxSkew is the clock offset to the mesh beyond which the member
+	// reports SkewExceeded.
+	MaxSkew time.Duration
+	// Rand is the member's seeded source of randomness (lottery draws). It
+	// must not be shared with other goroutines.
+	Rand *rand.Rand
+}
+
+// DefaultCoreConfig returns the defaults of DESIGN.md's config file. Peer,
+// Incarnation and Rand are left for the caller.
+func DefaultCoreConfig() CoreConfig {
+	return CoreConfig{
+		SyncInterval:   20 * time.Millisecond,  // one batch per 20 ms keeps the unseen share small
+		Heartbeat:      500 * time.Millisecond, // idle members still prove they live
+		RepairInterval: 5 * time.Second,        // lost last deltas of idle keys heal within seconds
+		SuspectAfter:   2 * time.Second,        // four missed heartbeats
+		DeadAfter:      5 * time.Second,        // available: give up the silent member's share
+		EvictAfter:     30 * time.Second,       // strict: hold capacity for a silent member this long
+		Policy:         Strict,                 // never over the limit by default
+		JoinTimeout:    3 * time.Second,        // serve with what we have after this
+		MaxSkew:        500 * time.Millisecond, // beyond this, clocks need fixing
+	}
+}
+
+func (c *CoreConfig) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	}
+	positive := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"sync_interval", c.SyncInterval}, {"heartbeat", c.Heartbeat},
+		{"repair_interval", c.RepairInterval}, {"suspect_after", c.SuspectAfter},
+		{"dead_after", c.DeadAfter}, {"evict_after", c.EvictAfter},
+		{"join_timeout", c.JoinTimeout}, {"max_skew", c.MaxSkew},
+	}
+	for _, p := range positive {
+		if p.d <= 0 {
+			return bad(p.name, "must be positive, got %v", p.d)
+		}
+	}
+	switch {
+	case c.Peer == "":
+		return bad("peer", "must not be empty")
+	case len(c.Peer) > crdt.MaxPeerLen:
+		return bad("peer", "%d bytes, at most %d", len(c.Peer), crdt.MaxPeerLen)
+	case c.Incarnation == 0:
+		return bad("incarnation", "must be set (use NextIncarnation)")
+	case c.Rand == nil:
+		return bad("rand", "must be set to a seeded *rand.Rand")
+	case c.Heartbeat < c.SyncInterval:
+		return bad("heartbeat", "%v is shorter than sync_interval %v", c.Heartbeat, c.SyncInterval)
+	case c.SuspectAfter <= c.Heartbeat:
+		return bad("suspect_after", "%v must be longer than heartbeat %v", c.SuspectAfter, c.Heartbeat)
+	case c.DeadAfter < c.SuspectAfter:
+		return bad("dead_after", "%v is shorter than suspect_after %v", c.DeadAfter, c.SuspectAfter)
+	case c.EvictAfter < c.SuspectAfter:
+		return bad("evict_after", "%v is shorter than suspect_after %v", c.EvictAfter, c.SuspectAfter)
+	}
+	switch c.Policy {
+	case Strict, Available:
+	default:
+		return bad("partition_policy", "%q is not one of strict, available", c.Policy)
+	}
+	seen := make(map[string]bool, len(c.Rules))
+	for i := range c.Rules {
+		name := c.Rules[i].Name
+		if seen[name] {
+			return fmt.Errorf("%w: rule %q: name: defined twice", ErrInvalidConfig, name)
+		}
+		seen[name] = true
+	}
+	return nil
+}
+
+// NextIncarnation returns the incarnation to take at a start: larger than
+// any persisted before, and at least the Unix time in milliseconds, so a
+// restarted member never writes a value lower than one it wrote before,
+// with or without a disk.
+func NextIncarnation(persisted uint64, now time.Time) uint64 {
+	ms := now.UnixMilli()
+	if ms < 0 {
+		ms = 0
+	}
+	return max(persisted+1, uint64(ms))
+}

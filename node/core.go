@@ -1,0 +1,1223 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/limiter"
+)
+
+// Sentinel errors of the core.
+var (
+	ErrUnknownRule  = errors.New("node: unknown rule")
+	ErrUnknownPeer  = errors.New("node: unknown peer")
+	ErrUnknownLease = errors.New("node: unknown or expired lease")
+	ErrClosed       = errors.New("node: closed")
+)
+
+// NotOwnerError is returned by Renew and Release for a lease another member
+// owns; only the owner can renew or release it.
+type NotOwnerError struct{ Owner string }
+
+func (e *NotOwnerError) Error() string {
+	return fmt.Sprintf("node: lease is owned by peer %s", e.Owner)
+}
+
+const (
+	batchEntries = 2000    // entries per published batch; well under crdt.MaxBatchBytes
+	ringCap      = 1 << 14 // published batches awaiting acknowledgement
+	maxGaps      = 64      // missing seqs tracked per member before asking for everything
+	evictMemory  = time.Minute
+)
+
+// Ready is what a Tick asks the caller to do.
+type Ready struct {
+	// Messages are to be published to every member, in order.
+	Messages []*crdt.Batch
+	// Changes are membership transitions since the last Tick.
+	Changes []MemberChange
+	// NewIncarnation, when non-zero, is an incarnation the core switched
+	// to (it learned it had been evicted); persist it durably.
+	NewIncarnation uint64
+	// Joined reports that the member became ready this Tick, and
+	// JoinTimedOut that it did so because join_timeout passed without an
+	// anti-entropy exchange.
+	Joined, JoinTimedOut bool
+}
+
+// Stats counts what the core has done; every field only grows.
+type Stats struct {
+	BatchesSent, BatchesReceived uint64
+	EntriesSent, EntriesMerged   uint64
+	// Entries dropped: for a window already collected, for a window too
+	// far ahead, for a rule this member does not have, or from a stale
+	// incarnation's lease slot.
+	DroppedExpired, DroppedFuture, DroppedUnknownRule, DroppedStale uint64
+	NacksSent, NacksReceived                                       uint64
+	WindowsCollected                                               uint64
+	// Decisions by limiter.Reason; Shadowed counts denials turned into
+	// admissions by shadow mode.
+	Decisions [8]uint64
+	Shadowed  uint64
+}
+
+type sentWin struct {
+	w *crdt.Window
+	v uint64
+}
+
+type sentLease struct {
+	s *crdt.Series
+	v int64
+}
+
+type sentBatch struct {
+	seq    uint64
+	sent   int64
+	wins   []sentWin
+	leases []sentLease
+	nacked bool
+}
+
+type lease struct {
+	id      string
+	rule    string
+	key     string
+	expires time.Time
+}
+
+// Core is one member of the mesh as a pure state machine: requests, inbound
+// batches and ticks go in with the time they happen at; batches to publish
+// and membership changes come out of Tick. It never reads a clock, starts a
+// goroutine or performs I/O, so the simulator runs exactly the code
+// production runs.
+//
+// A Core is not safe for concurrent use: its owner serialises every call.
+type Core struct {
+	cfg       CoreConfig
+	self      crdt.Slot
+	selfID    crdt.SlotID
+	slots     *crdt.SlotTable
+	meta      []slotMeta
+	c         *crdt.Container
+	limiters  map[string]*limiter.Limiter
+	rulesHash uint64
+
+	members map[string]*member
+	order   []*member // sorted by peer: deterministic iteration
+	n       int       // live members, self included
+	scale   float64   // partition scale of every limit
+
+	seq       uint64
+	ring      []sentBatch
+	repairWin map[*crdt.Window]struct{}
+	repairLs  map[*crdt.Series]struct{}
+	resendAll bool
+	needAck   bool
+	offsetMs  int64
+	samples   []int64
+
+	started      time.Time
+	joined       bool
+	lastSent     time.Time
+	nextSync     time.Time
+	nextRepair   time.Time
+	nextCollect  time.Time
+	nextOffset   time.Time
+	leases       map[string]*lease
+	leaseSeq     uint64
+	evictions    []eviction
+	changes      []MemberChange
+	newInc       uint64
+	becameJoined bool
+	timedOut     bool
+	closed       bool
+	stats        Stats
+}
+
+type eviction struct {
+	slot crdt.Slot
+	at   time.Time
+}
+
+// NewCore returns a core for cfg that starts at now. Every rule is
+// validated; the error names the rule and the field.
+func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &Core{
+		cfg:       cfg,
+		self:      crdt.Slot{Peer: cfg.Peer, Incarnation: cfg.Incarnation},
+		slots:     crdt.NewSlotTable(),
+		c:         crdt.NewContainer(),
+		limiters:  make(map[string]*limiter.Limiter, len(cfg.Rules)),
+		members:   make(map[string]*member),
+		repairWin: make(map[*crdt.Window]struct{}),
+		repairLs:  make(map[*crdt.Series]struct{}),
+		leases:    make(map[string]*lease),
+		started:   now,
+		joined:    !cfg.Join,
+		n:         1,
+		scale:     1,
+	}
+	c.selfID = c.intern(c.self, nil)
+	rules := make([]limiter.Rule, len(cfg.Rules))
+	for i, r := range cfg.Rules {
+		l, err := limiter.New(r, c.c, c.selfID, cfg.Rand.Uint64())
+		if err != nil {
+			return nil, err
+		}
+		c.limiters[r.Name] = l
+		rules[i] = *l.Rule()
+	}
+	c.rulesHash = limiter.HashRules(rules)
+	c.nextSync, c.nextRepair = now, now.Add(cfg.RepairInterval)
+	c.nextCollect, c.nextOffset = now, now
+	return c, nil
+}
+
+func (c *Core) intern(s crdt.Slot, m *member) crdt.SlotID {
+	id := c.slots.Intern(s)
+	for int(id) >= len(c.meta) {
+		c.meta = append(c.meta, slotMeta{})
+	}
+	if c.meta[id].inc == 0 {
+		c.meta[id] = slotMeta{m: m, inc: s.Incarnation}
+	}
+	return id
+}
+
+// Self returns this member's current slot.
+func (c *Core) Self() crdt.Slot { return c.self }
+
+// RulesHash returns the hash of this member's rules.
+func (c *Core) RulesHash() uint64 { return c.rulesHash }
+
+// Ready reports whether the member has joined and serves decisions.
+func (c *Core) Ready() bool { return c.joined }
+
+// Stats returns a copy of the counters.
+func (c *Core) Stats() Stats { return c.stats }
+
+// Members returns N, the live members (alive and suspect, self included),
+// and the partition scale applied to every limit.
+func (c *Core) Members() (n int, scale float64) { return c.n, c.scale }
+
+// MeshMs returns the mesh time at the member's local time now: its clock
+// corrected by its estimated offset to the mesh.
+func (c *Core) MeshMs(now time.Time) int64 { return now.UnixMilli() + c.offsetMs }
+
+// Offset returns the member's estimated clock offset to the mesh.
+func (c *Core) Offset() time.Duration { return time.Duration(c.offsetMs) * time.Millisecond }
+
+// Container exposes the replicated counters, read-only by contract.
+func (c *Core) Container() *crdt.Container { return c.c }
+
+// Rule returns the normalised rule called name.
+func (c *Core) Rule(name string) (*limiter.Rule, bool) {
+	l, ok := c.limiters[name]
+	if !ok {
+		return nil, false
+	}
+	return l.Rule(), true
+}
+
+// RuleNames returns the rule names, sorted.
+func (c *Core) RuleNames() []string {
+	names := make([]string, 0, len(c.limiters))
+	for n := range c.limiters {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func (c *Core) env(now time.Time) limiter.Env {
+	return limiter.Env{
+		NowMs:    c.MeshMs(now),
+		Members:  c.n,
+		Scale:    c.scale,
+		AckDelay: 2 * c.cfg.SyncInterval,
+	}
+}
+
+func (c *Core) limiter(rule string) (*limiter.Limiter, error) {
+	l, ok := c.limiters[rule]
+	if !ok {
+		return nil, fmt.Errorf("%w %q", ErrUnknownRule, rule)
+	}
+	return l, nil
+}
+
+// Allow decides one request at now and, unless it is a peek, counts it.
+// A denial is a Decision with Allowed false; an error means a bad request
+// (unknown rule, bad key, cost, class or type).
+func (c *Core) Allow(now time.Time, rule, key string, req limiter.Request) (limiter.Decision, error) {
+	l, err := c.limiter(rule)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	ch, err := l.Resolve(key, req)
+	if err != nil {
+		return limiter.Decision{}, err
+	}
+	env := c.env(now)
+	if !c.joined {
+		return c.joining(l, ch, now, env), nil
+	}
+	d := l.Decide(ch, env)
+	if d.Reason != limiter.ReasonKeyCap {
+		l.Record(ch, d.Allowed, env.NowMs)
+	}
+	c.count(d)
+	return d, nil
+}
+
+func (c *Core) count(d limiter.Decision) {
+	c.stats.Decisions[d.Reason]++
+	if d.Shadow {
+		c.stats.Shadowed++
+	}
+}
+
+func (c *Core) joining(l *limiter.Limiter, ch limiter.Check, now time.Time, env limiter.Env) limiter.Decision {
+	d := l.Rule().Decide(ch.Limit, 0, limiter.Usage{}, env, 0)
+	d.Allowed, d.Shadow, d.Reason = false, false, limiter.ReasonJoining
+	d.RetryAfter = max(c.cfg.JoinTimeout-now.Sub(c.started), time.Millisecond)
+	d.RetryAfter = (d.RetryAfter + time.Millisecond - 1) / time.Millisecond * time.Millisecond
+	c.count(d)
+	return d
+}
+
+// Check is one (rule, key, request) of an AllowAll.
+type Check struct {
+	Rule    string
+	Key     string
+	Request limiter.Request
+}
+
+// AllowAll decides several checks as one: it admits only if every check
+// passes, and consumes nothing when any fails (the attempts still count as
+// demand). The decisions come back in the order of checks.
+func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limiter.Decision, err error) {
+	ls := make([]*limiter.Limiter, len(checks))
+	chs := make([]limiter.Check, len(checks))
+	for i, ck := range checks {
+		if ls[i], err = c.limiter(ck.Rule); err != nil {
+			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+		}
+		if chs[i], err = ls[i].Resolve(ck.Key, ck.Request); err != nil {
+			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+		}
+	}
+	env := c.env(now)
+	ds = make([]limiter.Decision, len(checks))
+	allowed = true
+	for i := range checks {
+		if !c.joined {
+			ds[i] = c.joining(ls[i], chs[i], now, env)
+		} else {
+			ds[i] = ls[i].Decide(chs[i], env)
+			c.count(ds[i])
+		}
+		allowed = allowed && ds[i].Allowed
+	}
+	if !c.joined {
+		return false, ds, nil
+	}
+	for i := range checks {
+		if ds[i].Reason != limiter.ReasonKeyCap {
+			ls[i].Record(chs[i], allowed, env.NowMs)
+		}
+		if !allowed && ds[i].Allowed {
+			// It would have passed alone; as part of the whole it did not.
+			ds[i].Allowed = false
+			ds[i].Remaining = min(ds[i].Remaining+chs[i].Cost, ds[i].Limit)
+		}
+	}
+	return allowed, ds, nil
+}
+
+// Earliest returns how long from now until the request could first be
+// admitted as far as this member can tell (0 if now), or limiter.Never.
+// Wait sleeps this long between attempts.
+func (c *Core) Earliest(now time.Time, rule, key string, req limiter.Request) (time.Duration, error) {
+	l, err := c.limiter(rule)
+	if err != nil {
+		return 0, err
+	}
+	ch, err := l.Resolve(key, req)
+	if err != nil {
+		return 0, err
+	}
+	if !c.joined {
+		return max(c.cfg.JoinTimeout-now.Sub(c.started), 0), nil
+	}
+	return l.Earliest(ch, c.env(now)), nil
+}
+
+// Lease is a concurrency slot held by this member for a client.
+type Lease struct {
+	ID      string
+	Rule    string
+	Key     string
+	Expires time.Time
+}
+
+// Acquire admits one more concurrent lease of (rule, key) iff the merged
+// live leases plus the projection stay within the limit, and returns the
+// lease, owned by this member, expiring after the rule's lease_ttl unless
+// renewed.
+func (c *Core) Acquire(now time.Time, rule, key, class string) (Lease, limiter.Decision, error) {
+	l, err := c.limiter(rule)
+	if err != nil {
+		return Lease{}, limiter.Decision{}, err
+	}
+	ch, err := l.ResolveLease(key, class)
+	if err != nil {
+		return Lease{}, limiter.Decision{}, err
+	}
+	env := c.env(now)
+	if !c.joined {
+		return Lease{}, c.joining(l, ch, now, env), nil
+	}
+	d := l.DecideLease(ch, env, c.liveSlot)
+	c.count(d)
+	if !d.Allowed {
+		return Lease{}, d, nil
+	}
+	l.RecordLease(key, 1)
+	c.leaseSeq++
+	ls := &lease{
+		id:      c.self.Peer + "~" + strconv.FormatUint(c.self.Incarnation, 36) + "~" + strconv.FormatUint(c.leaseSeq, 36),
+		rule:    rule,
+		key:     key,
+		expires: now.Add(l.Rule().LeaseTTL),
+	}
+	c.leases[ls.id] = ls
+	return Lease{ID: ls.id, Rule: rule, Key: key, Expires: ls.expires}, d, nil
+}
+
+func (c *Core) ownLease(now time.Time, id string) (*lease, error) {
+	if ls, ok := c.leases[id]; ok {
+		if now.Before(ls.expires) {
+			return ls, nil
+		}
+		c.release(ls)
+		return nil, ErrUnknownLease
+	}
+	if owner, _, ok := strings.Cut(id, "~"); ok && owner != c.self.Peer && owner != "" {
+		return nil, &NotOwnerError{Owner: owner}
+	}
+	return nil, ErrUnknownLease
+}
+
+// Renew extends a lease this member owns by the rule's lease_ttl from now
+// and returns the TTL.
+func (c *Core) Renew(now time.Time, id string) (time.Duration, error) {
+	ls, err := c.ownLease(now, id)
+	if err != nil {
+		return 0, err
+	}
+	ttl := c.limiters[ls.rule].Rule().LeaseTTL
+	ls.expires = now.Add(ttl)
+	return ttl, nil
+}
+
+// Release ends a lease this member owns.
+func (c *Core) Release(now time.Time, id string) error {
+	ls, err := c.ownLease(now, id)
+	if err != nil {
+		return err
+	}
+	c.release(ls)
+	return nil
+}
+
+func (c *Core) release(ls *lease) {
+	delete(c.leases, ls.id)
+	if l := c.limiters[ls.rule]; l != nil {
+		l.RecordLease(ls.key, -1)
+	}
+}
+
+// Leases returns the leases this member owns, sorted by ID.
+func (c *Core) Leases() []Lease {
+	out := make([]Lease, 0, len(c.leases))
+	for _, ls := range c.leases {
+		out = append(out, Lease{ID: ls.id, Rule: ls.rule, Key: ls.key, Expires: ls.expires})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// liveSlot reports whether a slot's lease counts still count: our current
+// incarnation, or a live member's current incarnation.
+func (c *Core) liveSlot(id crdt.SlotID) bool {
+	m := c.meta[id]
+	if m.m == nil {
+		return m.inc == c.self.Incarnation
+	}
+	return m.m.inc == m.inc && m.m.live()
+}
+
+// SlotUsage is one slot's counts in a UsageReport.
+type SlotUsage struct {
+	Peer        string
+	Incarnation uint64
+	Admitted    uint64 // admitted credits, or held leases
+	Attempted   uint64 // attempted credits, or acquired leases
+}
+
+// UsageReport is what this member knows of one key.
+type UsageReport struct {
+	Rule, Key string
+	// Window is the current window's index and WindowMs its length (0
+	// for concurrency).
+	Window, WindowMs int64
+	// Total is the merged admitted credits of the current window, or the
+	// live leases.
+	Total uint64
+	Slots []SlotUsage
+}
+
+// Usage reports the merged usage of (rule, key) at now.
+func (c *Core) Usage(now time.Time, rule, key string) (UsageReport, error) {
+	l, err := c.limiter(rule)
+	if err != nil {
+		return UsageReport{}, err
+	}
+	r := l.Rule()
+	rep := UsageReport{Rule: rule, Key: key, WindowMs: r.WindowMs()}
+	s := l.Set().Series(key)
+	if r.Algorithm == limiter.Concurrency {
+		if s != nil {
+			rep.Total = uint64(s.Leases.ValueWhere(c.liveSlot))
+			s.Leases.P.Each(func(id crdt.SlotID, p uint64) {
+				if !c.liveSlot(id) {
+					return
+				}
+				sl := c.slots.Slot(id)
+				n := s.Leases.N.Get(id)
+				rep.Slots = append(rep.Slots, SlotUsage{Peer: sl.Peer, Incarnation: sl.Incarnation, Admitted: p - min(n, p), Attempted: p})
+			})
+		}
+	} else {
+		nowMs := c.MeshMs(now)
+		rep.Window = nowMs / rep.WindowMs
+		if s != nil {
+			if w := s.Window(rep.WindowMs, rep.Window); w != nil {
+				rep.Total = w.Admitted.Value()
+				w.Attempted.Each(func(id crdt.SlotID, att uint64) {
+					sl := c.slots.Slot(id)
+					rep.Slots = append(rep.Slots, SlotUsage{Peer: sl.Peer, Incarnation: sl.Incarnation, Admitted: w.Admitted.Get(id), Attempted: att})
+				})
+			}
+		}
+	}
+	sort.Slice(rep.Slots, func(i, j int) bool {
+		a, b := rep.Slots[i], rep.Slots[j]
+		return a.Peer < b.Peer || (a.Peer == b.Peer && a.Incarnation < b.Incarnation)
+	})
+	return rep, nil
+}
+
+// Peers returns every member this member knows, itself included, sorted
+// by peer ID.
+func (c *Core) Peers(now time.Time) []PeerInfo {
+	out := make([]PeerInfo, 0, len(c.order)+1)
+	out = append(out, PeerInfo{Peer: c.self.Peer, Incarnation: c.self.Incarnation, State: Alive, RulesHash: c.rulesHash, RulesMatch: true, Self: true})
+	for _, m := range c.order {
+		out = append(out, PeerInfo{
+			Peer: m.peer, Incarnation: m.inc, State: m.state, LastSeen: now.Sub(m.lastHeard),
+			RulesHash: m.rulesHash, RulesMatch: m.rulesHash == c.rulesHash,
+			ClockOffset: time.Duration(m.clockMs) * time.Millisecond,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Peer < out[j].Peer })
+	return out
+}
+
+// Evict removes a silent member at once: its leases stop counting and,
+// under the strict policy, it no longer holds capacity. If it comes back
+// it learns it was evicted and takes a new incarnation.
+func (c *Core) Evict(now time.Time, peer string) error {
+	m := c.members[peer]
+	if m == nil {
+		return fmt.Errorf("%w %q", ErrUnknownPeer, peer)
+	}
+	c.evict(now, m)
+	return nil
+}
+
+func (c *Core) evict(now time.Time, m *member) {
+	if m.evicted {
+		return
+	}
+	m.evicted = true
+	c.setState(m, Dead)
+	c.evictions = append(c.evictions, eviction{slot: crdt.Slot{Peer: m.peer, Incarnation: m.inc}, at: now})
+}
+
+func (c *Core) setState(m *member, s State) {
+	if m.state == s {
+		return
+	}
+	c.changes = append(c.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: m.state, To: s})
+	m.state = s
+	c.recount()
+}
+
+func (c *Core) recount() {
+	alive, suspect := 1, 0
+	for _, m := range c.order {
+		switch m.state {
+		case Alive:
+			alive++
+		case Suspect:
+			suspect++
+		}
+	}
+	c.n = alive + suspect
+	c.scale = 1
+	if c.cfg.Policy == Strict && suspect > 0 {
+		c.scale = float64(alive) / float64(alive+suspect)
+	}
+}
+
+// Step merges one batch received from a peer at now. The caller (the
+// transport) has authenticated b.From as the batch's author; entries of
+// other slots are only ever in full-state batches whose values the
+// transport has verified. Step never fails on content it can ignore; it
+// returns an error only for a batch that claims this member's own peer ID.
+func (c *Core) Step(now time.Time, b *crdt.Batch) error {
+	if c.closed {
+		return ErrClosed
+	}
+	if b.From.Peer == c.self.Peer {
+		if b.From.Incarnation > c.self.Incarnation {
+			return fmt.Errorf("node: a batch claims this peer ID %s with a newer incarnation %d (ours %d): two processes share one identity", b.From.Peer, b.From.Incarnation, c.self.Incarnation)
+		}
+		return nil // our own echo, or our own older incarnation
+	}
+	c.stats.BatchesReceived++
+	full := b.Has(crdt.FlagFull)
+	m := c.members[b.From.Peer]
+	switch {
+	case m == nil:
+		m = &member{peer: b.From.Peer, inc: b.From.Incarnation, state: Alive}
+		m.slot = c.intern(b.From, m)
+		c.members[m.peer] = m
+		i, _ := slices.BinarySearchFunc(c.order, m.peer, func(a *member, p string) int { return strings.Compare(a.peer, p) })
+		c.order = slices.Insert(c.order, i, m)
+		c.changes = append(c.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, To: Alive, New: true})
+		c.recount()
+	case b.From.Incarnation < m.inc:
+		// A late batch of a replaced incarnation: its window counts are
+		// still real usage; its leases and membership are not.
+		c.mergeEntries(now, b, false)
+		return nil
+	case b.From.Incarnation > m.inc:
+		// A restart: the new incarnation replaces the old one at once; the
+		// old slot's lease counts stop counting, its window counts go on.
+		old := m.state
+		m.inc, m.slot = b.From.Incarnation, c.intern(b.From, m)
+		m.evicted, m.lastSeq, m.heardSent, m.ackW, m.gaps = false, 0, 0, 0, m.gaps[:0]
+		m.state = Alive
+		c.changes = append(c.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: old, To: Alive, New: true})
+		c.recount()
+	}
+	if m.evicted {
+		// We evicted this incarnation; its counts still count, but it is
+		// not a member again until it takes a new incarnation (it learns
+		// of the eviction from our batches).
+		c.mergeEntries(now, b, false)
+		c.noteEvicted(now, b)
+		return nil
+	}
+	m.lastHeard = now
+	m.rulesHash = b.RulesHash
+	m.clockMs, m.hasClock = b.Clock-now.UnixMilli(), true
+	if b.Has(crdt.FlagLeaving) {
+		c.setState(m, Left)
+	} else if m.state != Alive {
+		c.setState(m, Alive)
+	}
+	if !full {
+		c.track(m, b)
+	}
+	if b.Ack > m.ackW {
+		m.ackW = b.Ack
+	}
+	for _, nk := range b.Nacks {
+		if nk.Slot == c.self {
+			c.nacked(nk.Seq)
+		}
+	}
+	c.noteEvicted(now, b)
+	if c.mergeEntries(now, b, true) > 0 || len(b.Windows)+len(b.Leases) > 0 {
+		c.needAck = true
+	}
+	if full && b.Has(crdt.FlagLast) && !c.joined {
+		c.joined, c.becameJoined = true, true
+	}
+	return nil
+}
+
+// track follows a member's gossip sequence: gaps become nacks, and the
+// latest Sent time feeds our acknowledgement watermark.
+func (c *Core) track(m *member, b *crdt.Batch) {
+	switch {
+	case m.lastSeq == 0 || b.Seq == m.lastSeq+1:
+	case b.Seq > m.lastSeq+1:
+		for s := m.lastSeq + 1; s < b.Seq; s++ {
+			if len(m.gaps) >= maxGaps {
+				m.gaps = append(m.gaps[:0], 0) // 0: send everything again
+				break
+			}
+			m.gaps = append(m.gaps, s)
+		}
+	default: // a late or duplicate batch may fill a gap
+		if i := slices.Index(m.gaps, b.Seq); i >= 0 {
+			m.gaps = slices.Delete(m.gaps, i, i+1)
+		}
+	}
+	m.lastSeq = max(m.lastSeq, b.Seq)
+	m.heardSent = max(m.heardSent, b.Sent)
+}
+
+func (c *Core) noteEvicted(now time.Time, b *crdt.Batch) {
+	for _, s := range b.Evicted {
+		if s == c.self {
+			c.reincarnate(now)
+			continue
+		}
+		if m := c.members[s.Peer]; m != nil && m.inc == s.Incarnation && !m.evicted {
+			c.evict(now, m)
+		}
+	}
+}
+
+// reincarnate switches to a new slot after learning of our own eviction:
+// our old slot's window counts go on counting; its leases are dropped.
+func (c *Core) reincarnate(now time.Time) {
+	inc := NextIncarnation(c.self.Incarnation, now)
+	c.self = crdt.Slot{Peer: c.self.Peer, Incarnation: inc}
+	c.selfID = c.intern(c.self, nil)
+	for _, l := range c.limiters {
+		l.SetSelf(c.selfID)
+		l.Set().Each(func(s *crdt.Series) {
+			for _, w := range s.Windows {
+				w.Acked = 0
+			}
+			s.LeasesAcked = 0
+		})
+	}
+	c.leases = make(map[string]*lease)
+	c.ring = c.ring[:0]
+	c.seq = 0
+	c.newInc = inc
+}
+
+// nacked handles a peer's report that it missed our batch seq: that batch's
+// entries are published again and never count as acknowledged through it.
+func (c *Core) nacked(seq uint64) {
+	c.stats.NacksReceived++
+	i, ok := slices.BinarySearchFunc(c.ring, seq, func(sb sentBatch, s uint64) int { return cmpU64(sb.seq, s) })
+	if seq == 0 || !ok {
+		c.resendAll = true
+		return
+	}
+	sb := &c.ring[i]
+	if sb.nacked {
+		return
+	}
+	sb.nacked = true
+	for _, sw := range sb.wins {
+		c.c.MarkDirty(sw.w)
+	}
+	for _, sl := range sb.leases {
+		c.c.MarkLeasesDirty(sl.s)
+	}
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// mergeEntries merges a batch's entries and returns how many raised a
+// value. Lease entries are merged only when leases is true.
+func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
+	nowMs := c.MeshMs(now)
+	skewMs := c.cfg.MaxSkew.Milliseconds()
+	raised := 0
+	var lastRule string
+	var set *crdt.RuleSet
+	for i := range b.Windows {
+		e := &b.Windows[i]
+		if e.Rule != lastRule || set == nil {
+			lastRule, set = e.Rule, nil
+			if l := c.limiters[e.Rule]; l != nil {
+				set = l.Set()
+			}
+		}
+		if set == nil {
+			c.stats.DroppedUnknownRule++
+			continue
+		}
+		switch {
+		case nowMs >= (e.Window+2)*e.WindowMs:
+			c.stats.DroppedExpired++
+			continue
+		case e.Window*e.WindowMs > nowMs+skewMs:
+			c.stats.DroppedFuture++
+			continue
+		}
+		id := c.entrySlot(b, e.Slot)
+		if id == c.selfID {
+			continue // our own values come only from us
+		}
+		w := set.Ensure(e.Key).EnsureWindow(e.WindowMs, e.Window)
+		a := w.Admitted.Raise(id, e.Admitted)
+		t := w.Attempted.Raise(id, e.Attempted)
+		if a || t {
+			raised++
+		}
+	}
+	for i := range b.Leases {
+		e := &b.Leases[i]
+		l := c.limiters[e.Rule]
+		if l == nil {
+			c.stats.DroppedUnknownRule++
+			continue
+		}
+		if !leases {
+			c.stats.DroppedStale++
+			continue
+		}
+		id := c.entrySlot(b, e.Slot)
+		if id == c.selfID {
+			continue
+		}
+		if l.Set().Ensure(e.Key).Leases.Raise(id, e.Acquired, e.Released) {
+			raised++
+		}
+	}
+	c.stats.EntriesMerged += uint64(raised)
+	return raised
+}
+
+func (c *Core) entrySlot(b *crdt.Batch, i uint32) crdt.SlotID {
+	if i == 0 {
+		if m := c.members[b.From.Peer]; m != nil && m.inc == b.From.Incarnation {
+			return m.slot
+		}
+	}
+	s := b.SlotOf(i)
+	if id, ok := c.slots.Lookup(s); ok {
+		return id
+	}
+	var m *member
+	if mm := c.members[s.Peer]; mm != nil {
+		m = mm
+	}
+	return c.intern(s, m)
+}
+
+// Tick advances timers to now: membership states, acknowledgements, lease
+// expiry, the clock offset, garbage collection, and the batches due. Call
+// it at least every SyncInterval.
+func (c *Core) Tick(now time.Time) Ready {
+	var rd Ready
+	if c.closed {
+		return rd
+	}
+	c.updateMembers(now)
+	if !now.Before(c.nextOffset) {
+		c.updateOffset()
+		c.nextOffset = now.Add(c.cfg.Heartbeat)
+	}
+	c.applyAcks()
+	c.expireLeases(now)
+	if !c.joined && now.Sub(c.started) >= c.cfg.JoinTimeout {
+		c.joined, c.becameJoined, c.timedOut = true, true, true
+	}
+	if !now.Before(c.nextSync) {
+		c.nextSync = now.Add(c.cfg.SyncInterval)
+		rd.Messages = c.flush(now, 0)
+	}
+	if !now.Before(c.nextCollect) {
+		c.stats.WindowsCollected += uint64(c.c.Collect(c.MeshMs(now)))
+		c.nextCollect = now.Add(c.collectEvery())
+		c.forgetEvictions(now)
+	}
+	rd.Changes, c.changes = c.changes, nil
+	rd.NewIncarnation, c.newInc = c.newInc, 0
+	rd.Joined, rd.JoinTimedOut = c.becameJoined, c.timedOut
+	c.becameJoined, c.timedOut = false, false
+	return rd
+}
+
+// NextTick returns when Tick next has timed work to do.
+func (c *Core) NextTick() time.Time { return c.nextSync }
+
+func (c *Core) collectEvery() time.Duration {
+	every := time.Second
+	for _, l := range c.limiters {
+		if w := l.Rule().Window / 2; w > 0 && w < every {
+			every = w
+		}
+	}
+	return max(every, c.cfg.SyncInterval)
+}
+
+func (c *Core) updateMembers(now time.Time) {
+	for _, m := range c.order {
+		if m.state == Left || m.state == Dead {
+			continue
+		}
+		silent := now.Sub(m.lastHeard)
+		switch {
+		case c.cfg.Policy == Strict && silent >= c.cfg.EvictAfter:
+			c.evict(now, m)
+		case c.cfg.Policy == Available && silent >= c.cfg.DeadAfter:
+			c.setState(m, Dead)
+		case silent >= c.cfg.SuspectAfter && m.state == Alive:
+			c.setState(m, Suspect)
+		}
+	}
+}
+
+// updateOffset estimates the clock offset to the mesh: the median of the
+// live members' raw clock offsets and our own (0), so every member
+// converges on the mesh's median clock.
+func (c *Core) updateOffset() {
+	c.samples = append(c.samples[:0], 0)
+	for _, m := range c.order {
+		if m.live() && m.hasClock {
+			c.samples = append(c.samples, m.clockMs)
+		}
+	}
+	slices.Sort(c.samples)
+	n := len(c.samples)
+	if n%2 == 1 {
+		c.offsetMs = c.samples[n/2]
+	} else {
+		c.offsetMs = (c.samples[n/2-1] + c.samples[n/2]) / 2
+	}
+}
+
+// SkewExceeded reports whether the estimated offset to the mesh is beyond
+// max_skew.
+func (c *Core) SkewExceeded() bool {
+	return time.Duration(abs(c.offsetMs))*time.Millisecond > c.cfg.MaxSkew
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// ackFrontier returns the mesh time up to which every alive member has
+// acknowledged our batches; with no alive member, everything is.
+func (c *Core) ackFrontier() int64 {
+	f := int64(math.MaxInt64)
+	for _, m := range c.order {
+		if m.state == Alive && m.ackW < f {
+			f = m.ackW
+		}
+	}
+	return f
+}
+
+// watermark is our acknowledgement: every alive member's gossip merged up
+// to this mesh time (0, nothing, when we have heard none).
+func (c *Core) watermark() int64 {
+	w := int64(math.MaxInt64)
+	for _, m := range c.order {
+		if m.state == Alive && m.heardSent < w {
+			w = m.heardSent
+		}
+	}
+	if w == math.MaxInt64 {
+		return 0
+	}
+	return w
+}
+
+func (c *Core) applyAcks() {
+	f := c.ackFrontier()
+	done := 0
+	for done < len(c.ring) && c.ring[done].sent <= f {
+		sb := &c.ring[done]
+		if !sb.nacked {
+			for _, sw := range sb.wins {
+				if sw.v > sw.w.Acked {
+					sw.w.Acked = sw.v
+				}
+			}
+			for _, sl := range sb.leases {
+				sl.s.LeasesAcked = sl.v
+			}
+		}
+		done++
+	}
+	if done > 0 {
+		clear(c.ring[:done])
+		c.ring = c.ring[done:]
+	}
+}
+
+func (c *Core) expireLeases(now time.Time) {
+	var expired []*lease
+	for _, ls := range c.leases {
+		if !now.Before(ls.expires) {
+			expired = append(expired, ls)
+		}
+	}
+	sort.Slice(expired, func(i, j int) bool { return expired[i].id < expired[j].id })
+	for _, ls := range expired {
+		c.release(ls)
+	}
+}
+
+func (c *Core) forgetEvictions(now time.Time) {
+	kept := c.evictions[:0]
+	for _, e := range c.evictions {
+		if now.Sub(e.at) < evictMemory {
+			kept = append(kept, e)
+		}
+	}
+	c.evictions = kept
+}
+
+// flush builds the batches due at now: own dirty slots (plus the repair
+// set when a repair is due), or a bare heartbeat/acknowledgement.
+func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
+	if c.resendAll {
+		c.resendAll = false
+		c.markAllDirty()
+	}
+	wins, ls := c.c.TakeDirty()
+	for _, w := range wins {
+		c.repairWin[w] = struct{}{}
+	}
+	for _, s := range ls {
+		c.repairLs[s] = struct{}{}
+	}
+	if !now.Before(c.nextRepair) {
+		c.nextRepair = now.Add(c.cfg.RepairInterval)
+		wins, ls = c.repairSet(wins, ls)
+	}
+	var nacks []crdt.Nack
+	for _, m := range c.order {
+		if len(m.gaps) > 0 && m.state != Dead && m.state != Left {
+			for _, g := range m.gaps {
+				nacks = append(nacks, crdt.Nack{Slot: crdt.Slot{Peer: m.peer, Incarnation: m.inc}, Seq: g})
+			}
+			m.gaps = m.gaps[:0]
+		}
+	}
+	if len(nacks) > crdt.MaxNacks {
+		nacks = nacks[:crdt.MaxNacks]
+	}
+	due := len(wins)+len(ls) > 0 || c.needAck || len(nacks) > 0 || flags != 0 ||
+		now.Sub(c.lastSent) >= c.cfg.Heartbeat || c.lastSent.IsZero()
+	if !due {
+		return nil
+	}
+	c.needAck = false
+	c.lastSent = now
+	c.stats.NacksSent += uint64(len(nacks))
+	return c.build(now, wins, ls, nacks, flags, true)
+}
+
+// build turns entries into batches of at most batchEntries each. Gossip
+// batches take sequence numbers and are remembered until acknowledged.
+func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, nacks []crdt.Nack, flags uint64, gossip bool) []*crdt.Batch {
+	nowMs := c.MeshMs(now)
+	var out []*crdt.Batch
+	newBatch := func() *crdt.Batch {
+		b := &crdt.Batch{
+			Version: crdt.Version, From: c.self, Sent: nowMs, Clock: now.UnixMilli(),
+			RulesHash: c.rulesHash, Ack: c.watermark(), Flags: flags &^ crdt.FlagLast,
+		}
+		if gossip {
+			c.seq++
+			b.Seq = c.seq
+		} else {
+			b.Seq = c.seq
+		}
+		if len(out) == 0 {
+			b.Nacks = nacks
+			for _, e := range c.evictions {
+				if len(b.Evicted) < crdt.MaxEvicted {
+					b.Evicted = append(b.Evicted, e.slot)
+				}
+			}
+		}
+		out = append(out, b)
+		return b
+	}
+	b := newBatch()
+	var sb sentBatch
+	finish := func() {
+		if gossip && len(sb.wins)+len(sb.leases) > 0 {
+			sb.seq, sb.sent = b.Seq, b.Sent
+			if len(c.ring) >= ringCap {
+				c.ring = c.ring[1:]
+			}
+			c.ring = append(c.ring, sb)
+		}
+		c.stats.EntriesSent += uint64(len(b.Windows) + len(b.Leases))
+		sb = sentBatch{}
+	}
+	for _, w := range wins {
+		own, att := w.Admitted.Get(c.selfID), w.Attempted.Get(c.selfID)
+		if att == 0 && own == 0 {
+			continue
+		}
+		if len(b.Windows)+len(b.Leases) >= batchEntries {
+			finish()
+			b = newBatch()
+		}
+		s := w.Series()
+		b.Windows = append(b.Windows, crdt.WindowEntry{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: own, Attempted: att})
+		sb.wins = append(sb.wins, sentWin{w: w, v: own})
+	}
+	for _, s := range ls {
+		p, n := s.Leases.P.Get(c.selfID), s.Leases.N.Get(c.selfID)
+		if p == 0 && n == 0 {
+			continue
+		}
+		if len(b.Windows)+len(b.Leases) >= batchEntries {
+			finish()
+			b = newBatch()
+		}
+		b.Leases = append(b.Leases, crdt.LeaseEntry{Rule: s.Rule().Name, Key: s.Key, Acquired: p, Released: n})
+		sb.leases = append(sb.leases, sentLease{s: s, v: int64(p) - int64(n)})
+	}
+	finish()
+	if flags&crdt.FlagLast != 0 {
+		out[len(out)-1].Flags |= crdt.FlagLast
+	}
+	c.stats.BatchesSent += uint64(len(out))
+	return out
+}
+
+// repairSet returns the windows and lease counters changed since the last
+// repair that are not already in wins and ls, appended to them.
+func (c *Core) repairSet(wins []*crdt.Window, ls []*crdt.Series) ([]*crdt.Window, []*crdt.Series) {
+	for _, w := range wins {
+		delete(c.repairWin, w)
+	}
+	for _, s := range ls {
+		delete(c.repairLs, s)
+	}
+	extra := make([]*crdt.Window, 0, len(c.repairWin))
+	for w := range c.repairWin {
+		extra = append(extra, w)
+	}
+	sortWindows(extra)
+	extraLs := make([]*crdt.Series, 0, len(c.repairLs))
+	for s := range c.repairLs {
+		extraLs = append(extraLs, s)
+	}
+	sortSeries(extraLs)
+	clear(c.repairWin)
+	clear(c.repairLs)
+	return append(wins, extra...), append(ls, extraLs...)
+}
+
+func sortWindows(ws []*crdt.Window) {
+	sort.Slice(ws, func(i, j int) bool {
+		a, b := ws[i], ws[j]
+		if ra, rb := a.Series().Rule().Name, b.Series().Rule().Name; ra != rb {
+			return ra < rb
+		}
+		if a.Series().Key != b.Series().Key {
+			return a.Series().Key < b.Series().Key
+		}
+		if a.WindowMs != b.WindowMs {
+			return a.WindowMs < b.WindowMs
+		}
+		return a.Index < b.Index
+	})
+}
+
+func sortSeries(ss []*crdt.Series) {
+	sort.Slice(ss, func(i, j int) bool {
+		if ra, rb := ss[i].Rule().Name, ss[j].Rule().Name; ra != rb {
+			return ra < rb
+		}
+		return ss[i].Key < ss[j].Key
+	})
+}
+
+// ownLive returns every window and lease counter holding a value of our
+// current slot, sorted.
+func (c *Core) ownLive() ([]*crdt.Window, []*crdt.Series) {
+	var wins []*crdt.Window
+	var ls []*crdt.Series
+	for _, name := range c.RuleNames() {
+		c.limiters[name].Set().Each(func(s *crdt.Series) {
+			for _, w := range s.Windows {
+				if w.Attempted.Get(c.selfID) > 0 {
+					wins = append(wins, w)
+				}
+			}
+			if s.Leases.P.Get(c.selfID) > 0 {
+				ls = append(ls, s)
+			}
+		})
+	}
+	sortWindows(wins)
+	sortSeries(ls)
+	return wins, ls
+}
+
+func (c *Core) markAllDirty() {
+	wins, ls := c.ownLive()
+	for _, w := range wins {
+		c.c.MarkDirty(w)
+	}
+	for _, s := range ls {
+		c.c.MarkLeasesDirty(s)
+	}
+}
+
+// FullState returns batches that carry every live value of our own slot,
+// flagged FlagFull, the last also FlagLast: the answer to an anti-entropy
+// request from a joining or healed peer. They take no sequence number and
+// are meant for that peer alone.
+func (c *Core) FullState(now time.Time) []*crdt.Batch {
+	wins, ls := c.ownLive()
+	return c.build(now, wins, ls, nil, crdt.FlagFull|crdt.FlagLast, false)
+}
+
+// Leave returns the final batches of a graceful leave: own pending changes
+// and the leave announcement. The core serves nothing afterwards.
+func (c *Core) Leave(now time.Time) []*crdt.Batch {
+	if c.closed {
+		return nil
+	}
+	out := c.flush(now, crdt.FlagLeaving)
+	c.closed = true
+	return out
+}

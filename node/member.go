@@ -1,0 +1,80 @@
+package node
+
+import (
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+)
+
+// State is a member's standing in this member's view.
+type State uint8
+
+// The member states.
+const (
+	Alive   State = iota // heard within suspect_after
+	Suspect              // silent; still holds capacity
+	Dead                 // silent past dead_after (available) or evicted
+	Left                 // left gracefully
+)
+
+var stateNames = [...]string{"alive", "suspect", "dead", "left"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "unknown"
+}
+
+// MemberChange reports one member's state transition.
+type MemberChange struct {
+	Peer        string
+	Incarnation uint64
+	From, To    State
+	// New reports a member seen for the first time (From is meaningless).
+	New bool
+}
+
+// PeerInfo describes one member as this member sees it.
+type PeerInfo struct {
+	Peer        string
+	Incarnation uint64
+	State       State
+	// LastSeen is the age of the last batch heard (0 for self).
+	LastSeen time.Duration
+	// RulesHash identifies the member's rules; RulesMatch compares it with
+	// this member's.
+	RulesHash  uint64
+	RulesMatch bool
+	Self       bool
+	// ClockOffset is the member's raw clock minus this member's, as last
+	// measured (latency included).
+	ClockOffset time.Duration
+}
+
+type member struct {
+	peer      string
+	inc       uint64
+	slot      crdt.SlotID
+	state     State
+	evicted   bool
+	lastHeard time.Time
+	rulesHash uint64
+
+	// Gossip stream bookkeeping for the current incarnation.
+	lastSeq   uint64 // highest gossip seq received
+	heardSent int64  // Sent of the latest gossip batch merged
+	ackW      int64  // the member's latest acknowledgement watermark
+	gaps      []uint64
+	clockMs   int64 // raw clock sample: their Clock − our raw clock at receipt
+	hasClock  bool
+}
+
+func (m *member) live() bool { return m.state == Alive || m.state == Suspect }
+
+// slotMeta links a slot to its member, so lease counts of retired slots can
+// be excluded.
+type slotMeta struct {
+	m   *member // nil for our own slots
+	inc uint64
+}

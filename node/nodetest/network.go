@@ -1,0 +1,351 @@
+// Package nodetest is an in-memory network for node cores driven on virtual
+// time, for tests: it delivers every published batch to every reachable
+// member after a delay, and can drop, delay, duplicate, hold and shuffle
+// batches, cut links, isolate members and recover.
+//
+// A test drives it like this:
+//
+//	net := nodetest.New(seed, start)
+//	a := net.Add(coreA) // cores built with node.NewCore
+//	b := net.Add(coreB)
+//	net.Delay = 5 * time.Millisecond
+//	net.Run(time.Second, func(now time.Time) { net.Core(a).Allow(now, …) })
+//	net.Cut(a, b)
+//	net.Recover()
+//
+// Batches travel as their CBOR encoding, decoded per receiver, so the test
+// network exercises the wire format too. It is deterministic for a seed.
+// It is not safe for concurrent use.
+package nodetest
+
+import (
+	"container/heap"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// Network is the in-memory network. Its exported fields may be changed
+// between calls.
+type Network struct {
+	// Delay and Jitter set each delivery's latency: Delay plus a uniform
+	// draw in [0, Jitter).
+	Delay, Jitter time.Duration
+	// Loss is the probability that one receiver misses one batch.
+	Loss float64
+	// Duplicate is the probability that one receiver gets a batch twice.
+	Duplicate float64
+	// Step is the virtual time between two rounds of Run (default 1ms).
+	Step time.Duration
+
+	now     time.Time
+	rng     *rand.Rand
+	members []*entry
+	queue   deliveries
+	seq     uint64
+	cut     map[[2]int]bool
+	hold    bool
+	held    []delivery
+	// Bytes counts the encoded bytes published by each member.
+	Bytes []uint64
+}
+
+type entry struct {
+	core *node.Core
+	down bool
+	// Clock is added to virtual time to give this member's local clock.
+	skew time.Duration
+}
+
+type delivery struct {
+	at   time.Time
+	seq  uint64
+	to   int
+	data []byte
+}
+
+type deliveries []delivery
+
+func (d deliveries) Len() int { return len(d) }
+func (d deliveries) Less(i, j int) bool {
+	if !d[i].at.Equal(d[j].at) {
+		return d[i].at.Before(d[j].at)
+	}
+	return d[i].seq < d[j].seq
+}
+func (d deliveries) Swap(i, j int) { d[i], d[j] = d[j], d[i] }
+func (d *deliveries) Push(x any)   { *d = append(*d, x.(delivery)) }
+func (d *deliveries) Pop() any {
+	old := *d
+	x := old[len(old)-1]
+	*d = old[:len(old)-1]
+	return x
+}
+
+// New returns an empty network whose virtual time starts at start.
+func New(seed uint64, start time.Time) *Network {
+	return &Network{
+		Step: time.Millisecond,
+		now:  start,
+		rng:  rand.New(rand.NewPCG(seed, seed^0x5eed)),
+		cut:  make(map[[2]int]bool),
+	}
+}
+
+// Now returns the network's virtual time.
+func (n *Network) Now() time.Time { return n.now }
+
+// Rand returns the network's seeded source, for test workloads.
+func (n *Network) Rand() *rand.Rand { return n.rng }
+
+// Add attaches a core and returns its index. Like a libp2p connect, it runs
+// an anti-entropy exchange with every reachable member.
+func (n *Network) Add(c *node.Core) int {
+	n.members = append(n.members, &entry{core: c})
+	n.Bytes = append(n.Bytes, 0)
+	i := len(n.members) - 1
+	n.exchange(i)
+	return i
+}
+
+// Core returns member i's core.
+func (n *Network) Core(i int) *node.Core { return n.members[i].core }
+
+// Len returns how many members were added.
+func (n *Network) Len() int { return len(n.members) }
+
+// Replace swaps member i's core for c (a restart with a new incarnation)
+// and runs an anti-entropy exchange.
+func (n *Network) Replace(i int, c *node.Core) {
+	n.members[i] = &entry{core: c, skew: n.members[i].skew}
+	n.exchange(i)
+}
+
+// Crash stops member i: it neither ticks nor receives until Replace.
+func (n *Network) Crash(i int) { n.members[i].down = true }
+
+// Skew sets member i's local clock to virtual time plus d.
+func (n *Network) Skew(i int, d time.Duration) { n.members[i].skew = d }
+
+// Local returns member i's local clock reading at the current virtual time.
+func (n *Network) Local(i int) time.Time { return n.now.Add(n.members[i].skew) }
+
+func key(a, b int) [2]int {
+	if a > b {
+		a, b = b, a
+	}
+	return [2]int{a, b}
+}
+
+// Cut breaks the link between a and b in both directions.
+func (n *Network) Cut(a, b int) { n.cut[key(a, b)] = true }
+
+// Isolate cuts every link of a.
+func (n *Network) Isolate(a int) {
+	for b := range n.members {
+		if b != a {
+			n.Cut(a, b)
+		}
+	}
+}
+
+// Partition cuts every link between the groups.
+func (n *Network) Partition(groups ...[]int) {
+	for gi, g := range groups {
+		for _, h := range groups[gi+1:] {
+			for _, a := range g {
+				for _, b := range h {
+					n.Cut(a, b)
+				}
+			}
+		}
+	}
+}
+
+// Recover heals every cut link and runs anti-entropy between the members
+// that were cut apart.
+func (n *Network) Recover() {
+	healed := n.cut
+	n.cut = make(map[[2]int]bool)
+	for k := range sortedPairs(healed) {
+		n.sendFull(k[0], k[1])
+		n.sendFull(k[1], k[0])
+	}
+}
+
+func sortedPairs(m map[[2]int]bool) func(func([2]int) bool) {
+	return func(yield func([2]int) bool) {
+		pairs := make([][2]int, 0, len(m))
+		for k := range m {
+			pairs = append(pairs, k)
+		}
+		for i := 1; i < len(pairs); i++ {
+			for j := i; j > 0 && (pairs[j][0] < pairs[j-1][0] || (pairs[j][0] == pairs[j-1][0] && pairs[j][1] < pairs[j-1][1])); j-- {
+				pairs[j], pairs[j-1] = pairs[j-1], pairs[j]
+			}
+		}
+		for _, p := range pairs {
+			if !yield(p) {
+				return
+			}
+		}
+	}
+}
+
+// Reachable reports whether a batch from a can reach b now.
+func (n *Network) Reachable(a, b int) bool {
+	return a != b && !n.cut[key(a, b)] && !n.members[a].down && !n.members[b].down
+}
+
+// Hold queues every published batch instead of delivering it, until
+// Release.
+func (n *Network) Hold() { n.hold = true }
+
+// Release delivers every held batch at once, in an order shuffled by the
+// network's seed, each possibly twice when Duplicate is set.
+func (n *Network) Release() error {
+	n.hold = false
+	held := n.held
+	n.held = nil
+	n.rng.Shuffle(len(held), func(i, j int) { held[i], held[j] = held[j], held[i] })
+	for _, d := range held {
+		if err := n.deliver(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (n *Network) exchange(i int) {
+	for j := range n.members {
+		if j != i && n.Reachable(i, j) {
+			n.sendFull(j, i)
+			n.sendFull(i, j)
+		}
+	}
+}
+
+func (n *Network) sendFull(from, to int) {
+	if !n.Reachable(from, to) {
+		return
+	}
+	for _, b := range n.members[from].core.FullState(n.Local(from)) {
+		data := n.encode(from, b)
+		n.enqueue(to, data, n.Delay)
+	}
+}
+
+func (n *Network) encode(from int, b *crdt.Batch) []byte {
+	data, err := b.Encode()
+	if err != nil {
+		panic(fmt.Sprintf("nodetest: member %d built a batch that does not encode: %v", from, err))
+	}
+	n.Bytes[from] += uint64(len(data))
+	return data
+}
+
+func (n *Network) enqueue(to int, data []byte, delay time.Duration) {
+	n.seq++
+	d := delivery{at: n.now.Add(delay), seq: n.seq, to: to, data: data}
+	if n.hold {
+		n.held = append(n.held, d)
+		if n.Duplicate > 0 && n.rng.Float64() < n.Duplicate {
+			n.held = append(n.held, d)
+		}
+		return
+	}
+	heap.Push(&n.queue, d)
+}
+
+// Publish sends b from member from to every member reachable now.
+func (n *Network) Publish(from int, b *crdt.Batch) {
+	data := n.encode(from, b)
+	for to := range n.members {
+		if !n.Reachable(from, to) {
+			continue
+		}
+		if n.Loss > 0 && n.rng.Float64() < n.Loss {
+			continue
+		}
+		n.enqueue(to, data, n.latency())
+		if !n.hold && n.Duplicate > 0 && n.rng.Float64() < n.Duplicate {
+			n.enqueue(to, data, n.latency())
+		}
+	}
+}
+
+func (n *Network) latency() time.Duration {
+	d := n.Delay
+	if n.Jitter > 0 {
+		d += time.Duration(n.rng.Int64N(int64(n.Jitter)))
+	}
+	return d
+}
+
+func (n *Network) deliver(d delivery) error {
+	m := n.members[d.to]
+	if m.down {
+		return nil
+	}
+	b, err := crdt.DecodeBatch(d.data)
+	if err != nil {
+		return fmt.Errorf("nodetest: delivery to %d: %w", d.to, err)
+	}
+	return m.core.Step(n.Local(d.to), b)
+}
+
+// Tick ticks every running member once at the current virtual time and
+// publishes what it asks to.
+func (n *Network) Tick() {
+	for i, m := range n.members {
+		if m.down {
+			continue
+		}
+		rd := m.core.Tick(n.Local(i))
+		for _, b := range rd.Messages {
+			n.Publish(i, b)
+		}
+	}
+}
+
+// Run advances virtual time by d in rounds of Step: each round delivers
+// the batches due, calls each (if not nil) with the round's virtual time,
+// and ticks every member. It returns the first error a core's Step
+// returned.
+func (n *Network) Run(d time.Duration, each func(now time.Time)) error {
+	end := n.now.Add(d)
+	for n.now.Before(end) {
+		n.now = n.now.Add(n.Step)
+		for n.queue.Len() > 0 && !n.queue[0].at.After(n.now) {
+			if err := n.deliver(heap.Pop(&n.queue).(delivery)); err != nil {
+				return err
+			}
+		}
+		if each != nil {
+			each(n.now)
+		}
+		n.Tick()
+	}
+	return nil
+}
+
+// Drain delivers everything in flight, advancing time as needed (but
+// ticking nobody), and returns the first error.
+func (n *Network) Drain() error {
+	for n.queue.Len() > 0 {
+		d := heap.Pop(&n.queue).(delivery)
+		if d.at.After(n.now) {
+			n.now = d.at
+		}
+		if err := n.deliver(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// InFlight returns how many deliveries are queued or held.
+func (n *Network) InFlight() int { return n.queue.Len() + len(n.held) }
