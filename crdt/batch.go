@@ -22,7 +22,12 @@ const (
 	MaxSlots      = 256     // extra slots named by one batch
 	MaxNacks      = 1024
 	MaxEvicted    = 1024
-	maxNesting    = 6
+	// MaxWindowMs is the longest window: a year of milliseconds.
+	MaxWindowMs = 366 * 24 * 3600 * 1000
+	// MaxValue bounds every counter value, so sums and differences stay
+	// exact in int64 and float64 arithmetic.
+	MaxValue   = 1 << 53
+	maxNesting = 6
 )
 
 // Flags of a Batch.
@@ -219,8 +224,10 @@ func (b *Batch) Validate() error {
 			return bad("windows[%d]: %v", i, err)
 		}
 		switch {
-		case e.WindowMs <= 0:
-			return bad("windows[%d]: window_ms %d, must be positive", i, e.WindowMs)
+		case e.WindowMs <= 0 || e.WindowMs > MaxWindowMs:
+			return bad("windows[%d]: window_ms %d, must be within 1 and %d", i, e.WindowMs, int64(MaxWindowMs))
+		case e.Attempted > MaxValue:
+			return bad("windows[%d]: attempted %d over the maximum %d", i, e.Attempted, uint64(MaxValue))
 		case e.Window < 0:
 			return bad("windows[%d]: window %d, must not be negative", i, e.Window)
 		case e.Window > (1<<62)/e.WindowMs:
@@ -233,6 +240,9 @@ func (b *Batch) Validate() error {
 		e := &b.Leases[i]
 		if err := checkEntry(e.Slot, e.Rule, e.Key, len(b.Slots)); err != nil {
 			return bad("leases[%d]: %v", i, err)
+		}
+		if e.Acquired > MaxValue {
+			return bad("leases[%d]: acquired %d over the maximum %d", i, e.Acquired, uint64(MaxValue))
 		}
 		if e.Released > e.Acquired {
 			return bad("leases[%d]: released %d above acquired %d", i, e.Released, e.Acquired)

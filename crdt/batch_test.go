@@ -37,7 +37,7 @@ func fullBatch() *crdt.Batch {
 		Windows: []crdt.WindowEntry{
 			{Slot: 0, Rule: "api", Key: "acct:1", WindowMs: 1000, Window: 1_700_000_123, Admitted: 5, Attempted: 7},
 			{Slot: 1, Rule: "api", Key: "acct:2", WindowMs: 1000, Window: 1_700_000_123, Admitted: 0, Attempted: 3},
-			{Slot: 2, Rule: "login", Key: "ip:10.0.0.1", WindowMs: 60_000, Window: 28_333_335, Admitted: math.MaxUint64, Attempted: math.MaxUint64},
+			{Slot: 2, Rule: "login", Key: "ip:10.0.0.1", WindowMs: 60_000, Window: 28_333_335, Admitted: crdt.MaxValue, Attempted: crdt.MaxValue},
 		},
 		Leases: []crdt.LeaseEntry{
 			{Slot: 0, Rule: "uploads", Key: "user:7", Acquired: 10, Released: 4},
@@ -319,12 +319,19 @@ func badBatches() []badBatch {
 		{"empty lease rule", mut(func(b *crdt.Batch) { b.Leases[0].Rule = "" }), []string{"leases[0]", "empty rule"}},
 		{"rule of 129 bytes", mut(func(b *crdt.Batch) { b.Windows[0].Rule = strings.Repeat("r", crdt.MaxRuleLen+1) }), []string{"windows[0]", "rule of 129 bytes"}},
 		{"slot index beyond slots", mut(func(b *crdt.Batch) { b.Windows[0].Slot = 3 }), []string{"windows[0]", "slot 3"}},
-		{"slot index with no slots", mut(func(b *crdt.Batch) { b.Slots = nil; b.Windows = b.Windows[:1]; b.Leases[0].Slot, b.Leases[1].Slot = 0, 1 }), []string{"leases[1]", "slot 1"}},
+		{"slot index with no slots", mut(func(b *crdt.Batch) {
+			b.Slots = nil
+			b.Windows = b.Windows[:1]
+			b.Leases[0].Slot, b.Leases[1].Slot = 0, 1
+		}), []string{"leases[1]", "slot 1"}},
 		{"slot index max uint32", mut(func(b *crdt.Batch) { b.Leases[0].Slot = math.MaxUint32 }), []string{"leases[0]", "slot 4294967295"}},
 		{"attempted below admitted", mut(func(b *crdt.Batch) { b.Windows[1].Admitted = 4 }), []string{"windows[1]", "attempted 3 below admitted 4"}},
 		{"released above acquired", mut(func(b *crdt.Batch) { b.Leases[1].Released = 4 }), []string{"leases[1]", "released 4 above acquired 3"}},
 		{"window_ms zero", mut(func(b *crdt.Batch) { b.Windows[0].WindowMs = 0 }), []string{"windows[0]", "window_ms 0"}},
 		{"window_ms negative", mut(func(b *crdt.Batch) { b.Windows[2].WindowMs = -1000 }), []string{"windows[2]", "window_ms -1000"}},
+		{"window_ms over a year", mut(func(b *crdt.Batch) { b.Windows[0].WindowMs = crdt.MaxWindowMs + 1 }), []string{"windows[0]", "window_ms 31622400001"}},
+		{"attempted over MaxValue", mut(func(b *crdt.Batch) { b.Windows[0].Attempted = crdt.MaxValue + 1 }), []string{"windows[0]", "attempted 9007199254740993 over the maximum"}},
+		{"acquired over MaxValue", mut(func(b *crdt.Batch) { b.Leases[1].Acquired = crdt.MaxValue + 1; b.Leases[1].Released = 0 }), []string{"leases[1]", "acquired 9007199254740993 over the maximum"}},
 		{"negative window", mut(func(b *crdt.Batch) { b.Windows[0].Window = -1 }), []string{"windows[0]", "window -1"}},
 		{"window out of range", mut(func(b *crdt.Batch) { b.Windows[0].WindowMs, b.Windows[0].Window = 1000, math.MaxInt64/1000 }), []string{"windows[0]", "out of range"}},
 	}
@@ -438,5 +445,27 @@ func TestEncodeTooLarge(t *testing.T) {
 	data, err := b.Encode()
 	if !errors.Is(err, crdt.ErrMalformed) || !strings.Contains(err.Error(), "over the 1048576-byte cap") {
 		t.Errorf("Encode = %d bytes, %v; want ErrMalformed over the cap", len(data), err)
+	}
+}
+
+// BenchmarkDecodeBatch measures decoding a batch of 64 window entries, a
+// busy node's sync interval.
+func BenchmarkDecodeBatch(b *testing.B) {
+	batch := heartbeat()
+	batch.Windows = windows(64)
+	for i := range batch.Windows {
+		batch.Windows[i].Key = fmt.Sprintf("acct:%06d", i)
+	}
+	data := mustEncode(b, batch)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		got, err := crdt.DecodeBatch(data)
+		if err != nil {
+			b.Fatalf("DecodeBatch: %v", err)
+		}
+		if len(got.Windows) != 64 {
+			b.Fatalf("DecodeBatch = %d windows, want 64", len(got.Windows))
+		}
 	}
 }

@@ -333,3 +333,23 @@ func TestSlotTable(t *testing.T) {
 		t.Errorf("String = %q, want %q", got, "a/2")
 	}
 }
+
+// BenchmarkGCounterRaise measures merging into a counter with a thousand
+// writers, where every Raise goes through the binary search and half of
+// them grow a slot.
+func BenchmarkGCounterRaise(b *testing.B) {
+	const slots = 1000
+	var g crdt.GCounter
+	for i := range slots {
+		g.Raise(crdt.SlotID(i), 1)
+	}
+	b.ReportAllocs()
+	var i uint64
+	for b.Loop() {
+		g.Raise(crdt.SlotID(i%slots), i/2+1)
+		i++
+	}
+	if g.Len() != slots {
+		b.Fatalf("Len = %d, want %d", g.Len(), slots)
+	}
+}

@@ -1,0 +1,74 @@
+// Package node is one ratemesh peer: a pure core and the interfaces of its
+// edges.
+//
+// The Core is a state machine in the style of raft's RawNode. It decides
+// requests, merges the batches peers publish, and on every Tick says what
+// to publish and which members changed state. It takes the time as an
+// argument and a seeded *rand.Rand in its config, and never touches a
+// clock, a socket or a disk, so the simulator drives exactly the code
+// production runs. Its owner drives it like this:
+//
+//	cfg := node.DefaultCoreConfig()
+//	cfg.Peer, cfg.Rules = "peer-a", rules
+//	cfg.Incarnation = node.NextIncarnation(persisted, time.Now())
+//	cfg.Rand = rand.New(rand.NewPCG(seed, seed))
+//	core, err := node.NewCore(cfg, time.Now())
+//	for {
+//		select {
+//		case in := <-inbound: // from a Transport
+//			core.Step(time.Now(), in.Batch)
+//		case <-ticker.C: // at least every SyncInterval
+//			rd := core.Tick(time.Now())
+//			for _, b := range rd.Messages {
+//				transport.Publish(ctx, b)
+//			}
+//		case req := <-requests:
+//			d, err := core.Allow(time.Now(), req.Rule, req.Key, req.Request)
+//			…
+//		}
+//	}
+//
+// # Decisions
+//
+// Each member counts its own admissions in its own CRDT slot and publishes
+// their absolute values. It admits a request of cost c iff
+//
+//	P + N·(u + c) ≤ L
+//
+// where u is its own usage that not every alive member has acknowledged
+// yet, P the merged usage minus u, N the live members and L the limit
+// (scaled by alive/(alive+suspect) under the strict partition policy).
+//
+// # Acknowledgements
+//
+// Acknowledgements are O(1) per batch: every batch carries Ack, the mesh
+// time up to which its sender has merged the gossip of every member it
+// holds alive (the least Sent time of their latest batches). A member's
+// own batch counts as acknowledged once every alive member's Ack has
+// passed its Sent time. Loss is caught by sequence numbers: a receiver
+// that sees a gap lists it in its next batch's Nacks, and the author
+// publishes the missing batch's entries again and does not count them as
+// acknowledged through it. A member that merged a peer's changes answers
+// at its next sync tick even when it has nothing of its own to say, so
+// acknowledgements return within about two sync intervals plus two
+// latencies. A partition stops acknowledgements at once, so each side
+// throttles itself to its share of the headroom before anyone turns
+// suspect.
+//
+// # Membership
+//
+// A member is alive while heard within SuspectAfter, then suspect (still
+// holding capacity), then dead after DeadAfter under the available policy,
+// or evicted after EvictAfter under the strict one. Evictions are
+// announced; an evicted member that comes back takes a new incarnation
+// (Ready.NewIncarnation) and drops its leases. A newer incarnation of a
+// peer replaces the older at once: the older slot's leases stop counting,
+// its window counts count until their windows end.
+//
+// # Mesh time
+//
+// Windows open on mesh time: the local clock plus the median of the live
+// members' raw clock offsets (and our own, 0), re-estimated every
+// Heartbeat, so a member whose clock runs ahead still opens windows with
+// everyone else.
+package node
