@@ -1,0 +1,467 @@
+package mesh
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/control"
+	"github.com/libp2p/go-libp2p/core/event"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+)
+
+// push queues a connection event without blocking the swarm's notifier.
+func (m *Mesh) push(ev connEvent) {
+	m.evMu.Lock()
+	m.evq = append(m.evq, ev)
+	m.evMu.Unlock()
+	select {
+	case m.evSig <- struct{}{}:
+	default:
+	}
+}
+
+// events turns connection events into PeerConnected calls and redial
+// wake-ups. PeerConnected(p) fires once per spell of connectivity: when p
+// has a live connection and has been identified as speaking our sync
+// protocol (a ratemesh member of this namespace); the spell ends when p's
+// last connection closes, which also wakes p's redial loop. One goroutine
+// owns m.peers, so events apply in order.
+func (m *Mesh) events() {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.evSig:
+		}
+		m.evMu.Lock()
+		evs := m.evq
+		m.evq = nil
+		m.evMu.Unlock()
+		for _, ev := range evs {
+			if p, ok := m.apply(ev); ok {
+				m.log.Debug("peer connected", "peer", p.String())
+				m.deliverConnected(p)
+			}
+		}
+	}
+}
+
+// apply updates m.peers with one event and reports a peer to announce.
+func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
+	m.peersMu.Lock()
+	defer m.peersMu.Unlock()
+	p := ev.p
+	if ev.c != nil {
+		p = ev.c.RemotePeer()
+	}
+	st := m.peers[p]
+	switch ev.kind {
+	case evUp, evIdentified:
+		if ev.c.IsClosed() {
+			return "", false // it closed before we saw it; its evDown follows or went by
+		}
+		if st == nil {
+			st = &peerState{conns: make(map[network.Conn]struct{})}
+			m.peers[p] = st
+		}
+		st.conns[ev.c] = struct{}{}
+		if ev.kind == evIdentified {
+			return p, m.announce(st, ev.protos)
+		}
+	case evProtocols:
+		if st != nil {
+			return p, m.announce(st, ev.protos)
+		}
+	case evDown:
+		if st == nil {
+			return "", false
+		}
+		delete(st.conns, ev.c)
+		if len(st.conns) == 0 {
+			delete(m.peers, p)
+			m.trace.removePeer(p)
+			m.log.Debug("peer disconnected", "peer", p.String())
+			m.signal(p, false)
+		}
+	}
+	return "", false
+}
+
+// announce reports whether a peer is to be announced now: it speaks our
+// sync protocol and has not been announced in this spell.
+func (m *Mesh) announce(st *peerState, protos []protocol.ID) bool {
+	if st.announced || !slices.Contains(protos, m.syncProto) {
+		return false
+	}
+	st.announced = true
+	return true
+}
+
+// Peers returns the members this one is connected to (those PeerConnected
+// has reported and that have not disconnected since), sorted.
+func (m *Mesh) Peers() []string {
+	m.peersMu.Lock()
+	defer m.peersMu.Unlock()
+	var out []string
+	for p, st := range m.peers {
+		if st.announced {
+			out = append(out, p.String())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// PeerAddrs returns the known addresses of peer, each ending in
+// /p2p/<peer ID> (for /v1/peers); nil for an unknown or malformed ID.
+func (m *Mesh) PeerAddrs(peerID string) []string {
+	p, err := peer.Decode(peerID)
+	if err != nil {
+		return nil
+	}
+	if p == m.self {
+		return m.Addrs()
+	}
+	mas, err := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: p, Addrs: m.h.Peerstore().Addrs(p)})
+	if err != nil {
+		return nil
+	}
+	out := make([]string, len(mas))
+	for i, a := range mas {
+		out[i] = a.String()
+	}
+	slices.Sort(out)
+	return out
+}
+
+// busEvents forwards identify results from the host's event bus to the
+// event loop.
+func (m *Mesh) busEvents(sub event.Subscription) {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case e, ok := <-sub.Out():
+			if !ok {
+				return
+			}
+			switch e := e.(type) {
+			case event.EvtPeerIdentificationCompleted:
+				m.push(connEvent{kind: evIdentified, c: e.Conn, protos: e.Protocols})
+			case event.EvtPeerProtocolsUpdated:
+				m.push(connEvent{kind: evProtocols, p: e.Peer, protos: e.Added})
+			}
+		}
+	}
+}
+
+// signal wakes the redial loop of p, if p is a bootstrap peer: wake (from
+// Unblock) retries at once, otherwise it reports a drop.
+func (m *Mesh) signal(p peer.ID, wake bool) {
+	m.mu.Lock()
+	r := m.redials[p]
+	m.mu.Unlock()
+	if r == nil {
+		return
+	}
+	ch := r.down
+	if wake {
+		ch = r.wake
+	}
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// keep keeps this member connected to the bootstrap peer pi: it dials at
+// once, and again with exponential backoff whenever the connection is
+// down, until Close. first is marked done after the first attempt. A
+// connection that drops before it has held for RedialMax (a peer that
+// refuses us right after the handshake) backs off like a failed dial, so
+// a refusing peer is never redialled in a tight loop.
+func (m *Mesh) keep(pi peer.AddrInfo, r *redial, first *sync.WaitGroup) {
+	defer m.wg.Done()
+	var once sync.Once
+	firstDone := func() { once.Do(first.Done) }
+	defer firstDone()
+	m.h.Peerstore().AddAddrs(pi.ID, pi.Addrs, peerstore.PermanentAddrTTL)
+	addr := addrString(pi)
+	attempt := 0
+	var upSince time.Time
+	// pause waits d, or until Unblock wakes the loop (which also resets
+	// the backoff); false means Close.
+	pause := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-r.wake:
+			attempt = 0
+		case <-m.ctx.Done():
+			return false
+		}
+		return true
+	}
+	for m.ctx.Err() == nil {
+		up := m.h.Network().Connectedness(pi.ID) == network.Connected
+		if up || m.gater.isBlocked(pi.ID) {
+			firstDone()
+			if up && upSince.IsZero() {
+				upSince = time.Now() // the peer dialled us
+			}
+			select {
+			case <-r.down:
+			case <-r.wake:
+				attempt, upSince = 0, time.Time{}
+			case <-m.ctx.Done():
+				return
+			}
+			continue
+		}
+		if !upSince.IsZero() {
+			held := time.Since(upSince) >= m.cfg.RedialMax
+			upSince = time.Time{}
+			if held {
+				attempt = 0
+			} else {
+				d := backoff(attempt, m.cfg.RedialMin, m.cfg.RedialMax, rand.Float64())
+				attempt++
+				m.log.Debug("connection to bootstrap peer dropped at once; backing off", "peer", pi.ID.String(), "retry_in", d.Round(time.Millisecond))
+				if !pause(d) {
+					return
+				}
+				continue
+			}
+		}
+		err := m.connect(m.ctx, pi, addr)
+		firstDone()
+		if err == nil {
+			upSince = time.Now()
+			continue
+		}
+		if m.ctx.Err() != nil {
+			return
+		}
+		d := backoff(attempt, m.cfg.RedialMin, m.cfg.RedialMax, rand.Float64())
+		attempt++
+		m.log.Warn("cannot reach bootstrap peer; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
+		if !pause(d) {
+			return
+		}
+	}
+}
+
+// backoff returns the wait before redial attempt n (0-based): lo·2ⁿ
+// capped at hi, scaled by a jitter factor in [0.5, 1.0) drawn from u in
+// [0, 1), so peers that lost the same bootstrap node do not redial in
+// step.
+func backoff(n int, lo, hi time.Duration, u float64) time.Duration {
+	d := lo
+	for i := 0; i < n && d < hi; i++ {
+		d *= 2
+	}
+	d = time.Duration(float64(min(d, hi)) * (0.5 + u/2))
+	return d
+}
+
+// Connect dials addr, a full multiaddr ending in /p2p/<peer ID>, bounded
+// by DialTimeout. Under a PSK, a peer holding another key (or none) makes
+// the handshake stall; the error then wraps ErrKeyMismatchOrUnreachable
+// and names addr. Without a PSK a failure wraps ErrUnreachable.
+func (m *Mesh) Connect(ctx context.Context, addr string) error {
+	pi, err := peer.AddrInfoFromString(addr)
+	if err != nil {
+		return fmt.Errorf("mesh: connect %q: want a multiaddr ending in /p2p/<peer ID>: %w", addr, err)
+	}
+	if pi.ID == m.self {
+		return fmt.Errorf("mesh: connect %s: that is this member", addr)
+	}
+	return m.connect(ctx, *pi, addr)
+}
+
+func (m *Mesh) connect(ctx context.Context, pi peer.AddrInfo, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.DialTimeout)
+	defer cancel()
+	// A fresh attempt: forget an earlier failure's dial backoff.
+	ctx = network.WithForceDirectDial(ctx, "ratemesh redial")
+	err := m.h.Connect(ctx, pi)
+	if err == nil {
+		return nil
+	}
+	m.st.dialFailures.Add(1)
+	if len(m.cfg.PSK) > 0 {
+		return fmt.Errorf("%w: %s: %w", ErrKeyMismatchOrUnreachable, addr, err)
+	}
+	if strings.Contains(err.Error(), "failed to negotiate security protocol") {
+		// What a keyed peer looks like to a member without the key.
+		return fmt.Errorf("%w: %s (does it require a private network key? set psk_file): %w", ErrUnreachable, addr, err)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrUnreachable, addr, err)
+}
+
+func addrString(pi peer.AddrInfo) string {
+	mas, err := peer.AddrInfoToP2pAddrs(&pi)
+	if err != nil || len(mas) == 0 {
+		return pi.ID.String()
+	}
+	return mas[0].String()
+}
+
+// Block cuts this member off from peer: the connection gater refuses
+// every dial to it and every connection from it, and open connections are
+// closed. It serves partition tests, and `ratemesh peers evict` when the
+// operator wants the peer kept out: a blocked peer cannot come back to
+// learn of its eviction and take a new incarnation.
+func (m *Mesh) Block(peerID string) error {
+	p, err := peer.Decode(peerID)
+	if err != nil {
+		return fmt.Errorf("mesh: block %q: %w", peerID, err)
+	}
+	m.gater.block(p)
+	if err := m.h.Network().ClosePeer(p); err != nil {
+		return fmt.Errorf("mesh: block %s: close connections: %w", peerID, err)
+	}
+	return nil
+}
+
+// Unblock lifts Block and redials peer at once when its address is known
+// (a bootstrap peer's redial loop wakes and starts its backoff afresh). A
+// re-established connection fires PeerConnected, so the runtime runs
+// anti-entropy on heal.
+func (m *Mesh) Unblock(peerID string) error {
+	p, err := peer.Decode(peerID)
+	if err != nil {
+		return fmt.Errorf("mesh: unblock %q: %w", peerID, err)
+	}
+	m.gater.unblock(p)
+	addrs := m.h.Peerstore().Addrs(p)
+	m.mu.Lock()
+	r := m.redials[p]
+	dial := r == nil && m.started && !m.closed && len(addrs) > 0
+	if dial {
+		m.wg.Add(1) // under mu: Close marks closed under mu before it waits
+	}
+	m.mu.Unlock()
+	if r != nil {
+		m.signal(p, true)
+	}
+	if dial {
+		pi := peer.AddrInfo{ID: p, Addrs: addrs}
+		go func() {
+			defer m.wg.Done()
+			if err := m.connect(m.ctx, pi, addrString(pi)); err != nil && m.ctx.Err() == nil {
+				m.log.Debug("redial after unblock failed; the peer may dial back", "err", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// gater is the connection gater behind Block.
+type gater struct {
+	mu      sync.RWMutex
+	blocked map[peer.ID]struct{}
+	refused atomic.Uint64
+}
+
+func newGater() *gater { return &gater{blocked: make(map[peer.ID]struct{})} }
+
+func (g *gater) block(p peer.ID) {
+	g.mu.Lock()
+	g.blocked[p] = struct{}{}
+	g.mu.Unlock()
+}
+
+func (g *gater) unblock(p peer.ID) {
+	g.mu.Lock()
+	delete(g.blocked, p)
+	g.mu.Unlock()
+}
+
+func (g *gater) isBlocked(p peer.ID) bool {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	_, ok := g.blocked[p]
+	return ok
+}
+
+// allow reports whether p may connect, counting refusals.
+func (g *gater) allow(p peer.ID) bool {
+	if g.isBlocked(p) {
+		g.refused.Add(1)
+		return false
+	}
+	return true
+}
+
+func (g *gater) InterceptPeerDial(p peer.ID) bool                 { return g.allow(p) }
+func (g *gater) InterceptAddrDial(p peer.ID, _ ma.Multiaddr) bool { return g.allow(p) }
+func (g *gater) InterceptAccept(network.ConnMultiaddrs) bool      { return true }
+func (g *gater) InterceptSecured(_ network.Direction, p peer.ID, _ network.ConnMultiaddrs) bool {
+	return g.allow(p)
+}
+func (g *gater) InterceptUpgraded(network.Conn) (bool, control.DisconnectReason) { return true, 0 }
+
+// mdnsNotifee dials peers that mDNS finds.
+type mdnsNotifee struct{ m *Mesh }
+
+func (n mdnsNotifee) HandlePeerFound(pi peer.AddrInfo) {
+	m := n.m
+	if pi.ID == m.self || m.h.Network().Connectedness(pi.ID) == network.Connected || m.ctx.Err() != nil {
+		return
+	}
+	m.mu.Lock()
+	closed := m.closed
+	if !closed {
+		m.wg.Add(1)
+	}
+	m.mu.Unlock()
+	if closed {
+		return
+	}
+	go func() {
+		defer m.wg.Done()
+		if err := m.connect(m.ctx, pi, addrString(pi)); err != nil && m.ctx.Err() == nil {
+			m.log.Info("cannot reach a peer found by mDNS", "err", err)
+		}
+	}()
+}
+
+// mdnsService names the mDNS service of a namespace, so meshes of other
+// namespaces on the same LAN do not dial each other. A DNS-SD service
+// label holds at most 15 characters, hence the hash.
+func mdnsService(namespace string) string {
+	h := sha256.Sum256([]byte(namespace))
+	return "_rm-" + hex.EncodeToString(h[:4]) + "._udp"
+}
+
+// allLoopback reports whether every listen address is a loopback one.
+func allLoopback(listen []string) bool {
+	for _, s := range listen {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return false
+		}
+		ip, err := manet.ToIP(a)
+		if err != nil || !ip.IsLoopback() {
+			return false
+		}
+	}
+	return true
+}

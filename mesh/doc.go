@@ -1,0 +1,88 @@
+// Package mesh is ratemesh's libp2p transport: the node.Transport that
+// carries batches between members over gossipsub, with an anti-entropy
+// stream protocol, discovery, a private-network key and redialling.
+//
+// A runtime drives it like this:
+//
+//	key, _ := mesh.LoadOrCreateKey(filepath.Join(dataDir, "identity.key"))
+//	cfg := mesh.DefaultConfig()
+//	cfg.PrivKey, cfg.Namespace = key, "default"
+//	cfg.Listen, cfg.Bootstrap = listen, bootstrap
+//	cfg.PSK, _ = mesh.LoadPSK("swarm.key") // optional; TCP only
+//	cfg.Plausible = func(rule string) (uint64, bool) { … } // from the rules
+//	m, err := mesh.New(cfg)
+//	coreCfg.Peer = m.PeerID() // the counter slot is the libp2p identity
+//	…
+//	err = m.Start(ctx, handler) // handler queues into the runtime's loop
+//	for {
+//		select {
+//		case in := <-inbound: // HandleBatch
+//			core.Step(time.Now(), in.Batch)
+//		case p := <-connected: // PeerConnected: anti-entropy on connect
+//			go m.SendDirect(ctx, p, core.FullState(time.Now()))
+//		case <-ticker.C:
+//			for _, b := range core.Tick(time.Now()).Messages {
+//				m.Publish(ctx, b)
+//			}
+//		}
+//	}
+//
+// # Gossip
+//
+// Every member publishes its batches on the topic /ratemesh/1/<namespace>,
+// signed by its peer key (StrictSign). Gossipsub runs with a 100 ms
+// heartbeat, flood publishing (a member's own batches go at once to every
+// connected subscriber, mesh or not, so nothing it publishes while the
+// topic mesh forms is lost to an empty mesh; what others relay before
+// their mesh forms can still be lost, and anti-entropy on connect covers
+// it) and queues raised from 32 to QueueSize; the subscription is read in
+// its own goroutine.
+//
+// The topic validator admits a message only if it is at most
+// MaxMessageBytes, decodes with the strict crdt.DecodeBatch, names its
+// signature-verified author as From, carries only From's own slot (every
+// entry's slot index is 0) and holds no value beyond any possible
+// admission (Config.Plausible). Anything else is rejected — not forwarded,
+// and its forwarder penalised — and counted in Stats by Reason.
+//
+// # Anti-entropy
+//
+// SendDirect opens the stream protocol /ratemesh/1/<namespace>/sync to one
+// peer and writes length-prefixed batches; the listener applies the same
+// checks with the stream's authenticated remote peer as the author, so a
+// value reaches the core only when its owner sent it: anti-entropy never
+// relays a third party's slot. The runtime answers PeerConnected with its
+// full state (anti-entropy on connect) and re-announces on its repair
+// interval.
+//
+// # Connections
+//
+// The host speaks TCP and QUIC, Noise and TLS, yamux. Bootstrap peers are
+// dialled at Start, in parallel, each bounded by DialTimeout, and redialled
+// with jittered exponential backoff (RedialMin to RedialMax) whenever their
+// last connection drops; a connection that drops at once backs off like a
+// failed dial. mDNS discovery (Config.MDNS) finds peers on the local
+// network; it is off by default.
+//
+// PeerConnected(p) fires once per spell of connectivity, in either
+// direction: when p has a live connection and identify has shown that it
+// speaks this namespace's sync protocol (so it can take an anti-entropy
+// answer at once), and again after p's last connection closed and a new
+// one came up. Peers of other namespaces, other programs, and connections
+// refused right after the handshake are never reported.
+//
+// # Private networks
+//
+// Config.PSK (LoadPSK reads the libp2p/IPFS swarm.key format) makes the
+// host accept only peers holding the same key. With a key only TCP works:
+// QUIC cannot use a pre-shared key, and a QUIC listen address is refused
+// by New. A peer with a different key (or none) stalls the handshake
+// rather than failing it, so every dial is bounded by DialTimeout and
+// fails with ErrKeyMismatchOrUnreachable naming the address.
+//
+// # Partitions
+//
+// Block and Unblock cut and restore the connection to one peer through a
+// connection gater; tests use them for partitions and `ratemesh peers
+// evict` to keep an evicted peer out.
+package mesh

@@ -1,0 +1,560 @@
+package mesh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/event"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// rpcOverhead is what a pubsub RPC adds around a message's data: the
+// signature, the author's key, the sequence number, the topic.
+const rpcOverhead = 64 << 10
+
+// Mesh is the libp2p Transport: a host, a gossipsub topic with a
+// validating gate, the anti-entropy stream protocol, discovery and
+// redialling. Create it with New, then Start it; it is safe for concurrent
+// use. Its zero value is not usable.
+type Mesh struct {
+	cfg       Config
+	log       *slog.Logger
+	h         host.Host
+	self      peer.ID
+	selfStr   string
+	gater     *gater
+	wire      *wire
+	trace     *tracer
+	topicName string
+	syncProto protocol.ID
+	bootstrap []peer.AddrInfo
+
+	ctx    context.Context // lives until Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	handler  node.Handler
+	ps       *pubsub.PubSub
+	topic    *pubsub.Topic
+	sub      *pubsub.Subscription
+	disc     mdns.Service
+	notifiee *network.NotifyBundle
+	busSub   event.Subscription
+	peersMu  sync.Mutex
+	peers    map[peer.ID]*peerState // written by the event loop only
+	redials  map[peer.ID]*redial    // loops of bootstrap peers
+
+	// deliver guards handler calls: Close takes it exclusively, so no
+	// call is under way or starts after Close returns.
+	deliver sync.RWMutex
+	stopped bool
+
+	evMu  sync.Mutex
+	evq   []connEvent
+	evSig chan struct{}
+
+	closeOnce sync.Once
+	closeErr  error
+
+	logGate atomic.Int64 // unix nanos before which rejections are not logged
+	st      counters
+}
+
+var _ node.Transport = (*Mesh)(nil)
+
+type evKind int
+
+const (
+	evUp         evKind = iota // a connection opened
+	evDown                     // a connection closed
+	evIdentified               // identify completed on a connection
+	evProtocols                // a peer announced new protocols
+)
+
+type connEvent struct {
+	kind   evKind
+	c      network.Conn // evUp, evDown, evIdentified
+	p      peer.ID      // evProtocols
+	protos []protocol.ID
+}
+
+// peerState is what the event loop knows of one connected peer.
+type peerState struct {
+	conns     map[network.Conn]struct{}
+	announced bool // PeerConnected fired for this spell of connectivity
+}
+
+// redial wakes the redial loop of one bootstrap peer.
+type redial struct {
+	down chan struct{} // its last connection closed
+	wake chan struct{} // Unblock: try now, with a fresh backoff
+}
+
+// New builds the host and starts listening; the mesh joins the topic and
+// dials out only at Start. PeerID and Addrs are valid at once, so the
+// runtime can name its counter slot before starting.
+func New(cfg Config) (*Mesh, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m := &Mesh{
+		cfg:       cfg,
+		log:       log.With("component", "mesh"),
+		gater:     newGater(),
+		topicName: "/ratemesh/1/" + cfg.Namespace,
+		syncProto: protocol.ID("/ratemesh/1/" + cfg.Namespace + "/sync"),
+		evSig:     make(chan struct{}, 1),
+		peers:     make(map[peer.ID]*peerState),
+		redials:   make(map[peer.ID]*redial),
+	}
+	m.wire = &wire{sync: m.syncProto}
+	m.trace = newTracer(m.topicName)
+	var err error
+	m.self, err = peer.IDFromPrivateKey(cfg.PrivKey)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: config PrivKey: %w", err)
+	}
+	m.selfStr = m.self.String()
+	for _, s := range cfg.Bootstrap {
+		pi, _ := peer.AddrInfoFromString(s) // validated
+		if pi.ID == m.self {
+			continue
+		}
+		merged := false
+		for i := range m.bootstrap {
+			if m.bootstrap[i].ID == pi.ID {
+				m.bootstrap[i].Addrs = append(m.bootstrap[i].Addrs, pi.Addrs...)
+				merged = true
+			}
+		}
+		if !merged {
+			m.bootstrap = append(m.bootstrap, *pi)
+		}
+	}
+	opts := []libp2p.Option{
+		libp2p.Identity(cfg.PrivKey),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.ConnectionGater(m.gater),
+		libp2p.BandwidthReporter(m.wire),
+		libp2p.WithDialTimeout(cfg.DialTimeout),
+		libp2p.DisableRelay(),
+		libp2p.DisableMetrics(), // the runtime exports Stats under its own names
+		libp2p.UserAgent("ratemesh"),
+	}
+	if len(cfg.PSK) > 0 {
+		opts = append(opts, libp2p.PrivateNetwork(cfg.PSK))
+	} else {
+		opts = append(opts, libp2p.Transport(quic.NewTransport))
+	}
+	if len(cfg.Listen) > 0 {
+		opts = append(opts, libp2p.ListenAddrStrings(cfg.Listen...))
+	} else {
+		opts = append(opts, libp2p.NoListenAddrs)
+	}
+	m.h, err = libp2p.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: start host: %w", err)
+	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	if len(cfg.PSK) == 0 && !allLoopback(cfg.Listen) {
+		m.log.Warn("no private network key: any peer that can reach this address may join the mesh", "listen", cfg.Listen)
+	}
+	return m, nil
+}
+
+// PeerID returns this member's peer ID in text form; use it as the
+// counter slot's peer (crdt.Slot.Peer).
+func (m *Mesh) PeerID() string { return m.selfStr }
+
+// Addrs returns the full multiaddrs this member listens on, each ending in
+// /p2p/<peer ID>.
+func (m *Mesh) Addrs() []string {
+	mas, err := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: m.self, Addrs: m.h.Addrs()})
+	if err != nil {
+		return nil
+	}
+	out := make([]string, len(mas))
+	for i, a := range mas {
+		out[i] = a.String()
+	}
+	return out
+}
+
+// Host returns the libp2p host, for tests and diagnostics.
+func (m *Mesh) Host() host.Host { return m.h }
+
+// Topic returns the gossipsub topic name, /ratemesh/1/<namespace>.
+func (m *Mesh) Topic() string { return m.topicName }
+
+// SyncProtocol returns the anti-entropy stream protocol,
+// /ratemesh/1/<namespace>/sync.
+func (m *Mesh) SyncProtocol() protocol.ID { return m.syncProto }
+
+// Start joins the topic, begins delivering to h, registers the
+// anti-entropy protocol and dials the bootstrap peers in parallel. It
+// returns once the mesh can publish and every bootstrap peer has been
+// tried once (each bounded by DialTimeout), or when ctx ends; failures are
+// logged and retried in the background with backoff, so a member whose
+// peers are down still starts. ctx bounds Start only; the mesh lives until
+// Close. Already connected peers are reported through PeerConnected.
+func (m *Mesh) Start(ctx context.Context, h node.Handler) error {
+	if h == nil {
+		return errors.New("mesh: Start: nil handler")
+	}
+	first, err := m.start(h)
+	if err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { first.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+func (m *Mesh) start(h node.Handler) (*sync.WaitGroup, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.closed:
+		return nil, ErrClosed
+	case m.started:
+		return nil, errors.New("mesh: already started")
+	}
+	params := pubsub.DefaultGossipSubParams()
+	params.HeartbeatInterval = m.cfg.GossipHeartbeat
+	params.HeartbeatInitialDelay = m.cfg.GossipHeartbeat
+	ps, err := pubsub.NewGossipSub(m.ctx, m.h,
+		pubsub.WithGossipSubParams(params),
+		pubsub.WithFloodPublish(true),
+		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
+		pubsub.WithPeerOutboundQueueSize(m.cfg.QueueSize),
+		pubsub.WithValidateQueueSize(m.cfg.QueueSize),
+		pubsub.WithMaxMessageSize(m.cfg.MaxMessageBytes+rpcOverhead),
+		pubsub.WithRawTracer(m.trace),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: start gossipsub: %w", err)
+	}
+	if err := ps.RegisterTopicValidator(m.topicName, pubsub.ValidatorEx(m.validate), pubsub.WithValidatorInline(true)); err != nil {
+		return nil, fmt.Errorf("mesh: register validator: %w", err)
+	}
+	topic, err := ps.Join(m.topicName)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: join %s: %w", m.topicName, err)
+	}
+	sub, err := topic.Subscribe(pubsub.WithBufferSize(m.cfg.QueueSize))
+	if err != nil {
+		return nil, fmt.Errorf("mesh: subscribe %s: %w", m.topicName, err)
+	}
+	m.handler, m.ps, m.topic, m.sub, m.started = h, ps, topic, sub, true
+	m.h.SetStreamHandler(m.syncProto, m.handleSync)
+
+	// PeerConnected waits for identify, so it only fires for peers that
+	// speak our sync protocol over a connection that held.
+	bus, err := m.h.EventBus().Subscribe([]any{new(event.EvtPeerIdentificationCompleted), new(event.EvtPeerProtocolsUpdated)})
+	if err != nil {
+		return nil, fmt.Errorf("mesh: subscribe to host events: %w", err)
+	}
+	m.busSub = bus
+	m.notifiee = &network.NotifyBundle{
+		ConnectedF:    func(_ network.Network, c network.Conn) { m.push(connEvent{kind: evUp, c: c}) },
+		DisconnectedF: func(_ network.Network, c network.Conn) { m.push(connEvent{kind: evDown, c: c}) },
+	}
+	m.h.Network().Notify(m.notifiee)
+	for _, c := range m.h.Network().Conns() {
+		m.push(connEvent{kind: evUp, c: c})
+		if ok, _ := m.h.Peerstore().SupportsProtocols(c.RemotePeer(), m.syncProto); len(ok) > 0 {
+			m.push(connEvent{kind: evIdentified, c: c, protos: ok})
+		}
+	}
+	m.wg.Add(3)
+	go m.events()
+	go m.busEvents(bus)
+	go m.read(sub)
+
+	if m.cfg.MDNS {
+		m.disc = mdns.NewMdnsService(m.h, mdnsService(m.cfg.Namespace), mdnsNotifee{m})
+		if err := m.disc.Start(); err != nil {
+			m.log.Warn("mDNS discovery failed to start; bootstrap peers only", "err", err)
+			m.disc = nil
+		}
+	}
+
+	first := new(sync.WaitGroup)
+	for _, pi := range m.bootstrap {
+		r := &redial{down: make(chan struct{}, 1), wake: make(chan struct{}, 1)}
+		m.redials[pi.ID] = r
+		first.Add(1)
+		m.wg.Add(1)
+		go m.keep(pi, r, first)
+	}
+	m.log.Info("mesh started", "peer_id", m.selfStr, "addrs", m.Addrs(), "topic", m.topicName,
+		"bootstrap", len(m.bootstrap), "mdns", m.cfg.MDNS, "psk", len(m.cfg.PSK) > 0)
+	return first, nil
+}
+
+// Publish broadcasts b on the topic. It encodes b at once and does not
+// retain it. Our own validator runs on the message too, so a batch this
+// member would reject from a peer is refused here with an error.
+func (m *Mesh) Publish(ctx context.Context, b *crdt.Batch) error {
+	topic, err := m.liveTopic()
+	if err != nil {
+		return err
+	}
+	data, err := b.Encode()
+	if err != nil {
+		return fmt.Errorf("mesh: publish: %w", err)
+	}
+	if len(data) > m.cfg.MaxMessageBytes {
+		return fmt.Errorf("%w: %d bytes, cap %d", ErrTooLarge, len(data), m.cfg.MaxMessageBytes)
+	}
+	if err := topic.Publish(ctx, data); err != nil {
+		return fmt.Errorf("mesh: publish: %w", err)
+	}
+	m.st.published.Add(1)
+	m.st.publishedBytes.Add(uint64(len(data)))
+	return nil
+}
+
+func (m *Mesh) liveTopic() (*pubsub.Topic, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.closed:
+		return nil, ErrClosed
+	case !m.started:
+		return nil, ErrNotStarted
+	}
+	return m.topic, nil
+}
+
+// read hands every accepted gossip message to the handler. It runs in its
+// own goroutine so that a slow handler never stalls pubsub's loop.
+func (m *Mesh) read(sub *pubsub.Subscription) {
+	defer m.wg.Done()
+	for {
+		msg, err := sub.Next(m.ctx)
+		if err != nil {
+			return // Close cancelled the context or the subscription
+		}
+		if msg.Local || msg.GetFrom() == m.self {
+			continue // our own message
+		}
+		b, ok := msg.ValidatorData.(*crdt.Batch)
+		if !ok {
+			continue // cannot happen: the validator sets it on Accept
+		}
+		m.st.received.Add(1)
+		m.st.receivedBytes.Add(uint64(len(msg.GetData())))
+		m.deliverBatch(node.Inbound{Batch: b})
+	}
+}
+
+// validate is the topic validator: size cap, strict decoding, author,
+// own-slot-only and plausibility checks. The decoded batch travels to
+// read through ValidatorData.
+func (m *Mesh) validate(_ context.Context, from peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
+	author := msg.GetFrom() // verified against the signature (StrictSign)
+	data := msg.GetData()
+	if len(data) > m.cfg.MaxMessageBytes {
+		m.reject(false, ReasonOversize, author, fmt.Errorf("%d bytes, cap %d", len(data), m.cfg.MaxMessageBytes))
+		return pubsub.ValidationReject
+	}
+	b, err := crdt.DecodeBatch(data)
+	if err != nil {
+		m.reject(false, ReasonMalformed, author, err)
+		return pubsub.ValidationReject
+	}
+	if reason, err := checkBatch(b, author.String(), m.cfg.Plausible); err != nil {
+		m.reject(false, reason, author, err)
+		return pubsub.ValidationReject
+	}
+	msg.ValidatorData = b
+	return pubsub.ValidationAccept
+}
+
+// reject counts a refused batch and logs it, at most once a second.
+func (m *Mesh) reject(direct bool, r Reason, author peer.ID, err error) {
+	if direct {
+		m.st.rejectedDirect[r].Add(1)
+	} else {
+		m.st.rejectedGossip[r].Add(1)
+	}
+	now := time.Now().UnixNano()
+	if gate := m.logGate.Load(); now >= gate && m.logGate.CompareAndSwap(gate, now+int64(time.Second)) {
+		m.log.Warn("rejected a batch", "reason", r.String(), "author", author.String(), "direct", direct, "err", err)
+	}
+}
+
+func (m *Mesh) deliverBatch(in node.Inbound) {
+	m.deliver.RLock()
+	defer m.deliver.RUnlock()
+	if m.stopped {
+		return
+	}
+	m.handler.HandleBatch(in)
+}
+
+func (m *Mesh) deliverConnected(p peer.ID) {
+	m.deliver.RLock()
+	defer m.deliver.RUnlock()
+	if m.stopped {
+		return
+	}
+	m.st.peerConnected.Add(1)
+	m.handler.PeerConnected(p.String())
+}
+
+// Close leaves the topic, stops delivering and closes the host. No handler
+// call is under way or starts once Close returns; the handler must not
+// call Close from inside a callback. Close is idempotent.
+func (m *Mesh) Close() error {
+	m.closeOnce.Do(func() {
+		m.mu.Lock()
+		m.closed = true
+		sub, topic, disc, nb, bus := m.sub, m.topic, m.disc, m.notifiee, m.busSub
+		m.mu.Unlock()
+
+		m.deliver.Lock()
+		m.stopped = true
+		m.deliver.Unlock()
+
+		m.h.RemoveStreamHandler(m.syncProto)
+		if nb != nil {
+			m.h.Network().StopNotify(nb)
+		}
+		if bus != nil {
+			bus.Close()
+		}
+		if disc != nil {
+			disc.Close()
+		}
+		if sub != nil {
+			sub.Cancel()
+		}
+		if topic != nil {
+			// Fails when pubsub has not yet processed the cancellation; the
+			// host's close below ends everything anyway.
+			if err := topic.Close(); err != nil {
+				m.log.Debug("close topic", "err", err)
+			}
+		}
+		m.cancel()
+		m.closeErr = m.h.Close()
+		m.wg.Wait()
+	})
+	return m.closeErr
+}
+
+// Stats counts what the mesh has done; every field only grows.
+type Stats struct {
+	// Published counts batches this member published, PublishedBytes
+	// their encoded size (not counting gossipsub's copies to each peer).
+	Published, PublishedBytes uint64
+	// Received counts gossip batches from others delivered to the
+	// handler, ReceivedBytes their encoded size.
+	Received, ReceivedBytes uint64
+	// DirectSent and DirectReceived count anti-entropy batches (and their
+	// bytes) sent through SendDirect and delivered from peers.
+	DirectSent, DirectSentBytes         uint64
+	DirectReceived, DirectReceivedBytes uint64
+	// RejectedGossip and RejectedDirect count batches refused by our
+	// checks, by Reason; BadSignature counts gossip messages pubsub
+	// refused before them (unsigned or badly signed).
+	RejectedGossip, RejectedDirect [NumReasons]uint64
+	BadSignature                   uint64
+	// Silent drops inside gossipsub: outbound messages dropped at a full
+	// per-peer queue, inbound ones dropped at a full validation queue,
+	// and messages our subscription could not take (handler too slow).
+	// Any of them growing means QueueSize is too small.
+	DroppedOutbound, DroppedValidation, DroppedSubscriber uint64
+	// PeerConnected counts PeerConnected calls; DialFailures failed dials;
+	// Refused connections and dials the Block gater refused.
+	PeerConnected, DialFailures, Refused uint64
+	// Wire bytes carried by libp2p streams (after multiplexing, before
+	// encryption and transport framing): in total, over gossipsub, and
+	// over the sync protocol.
+	WireIn, WireOut             uint64
+	GossipWireIn, GossipWireOut uint64
+	SyncWireIn, SyncWireOut     uint64
+}
+
+type counters struct {
+	published, publishedBytes           atomic.Uint64
+	received, receivedBytes             atomic.Uint64
+	directSent, directSentBytes         atomic.Uint64
+	directReceived, directReceivedBytes atomic.Uint64
+	rejectedGossip, rejectedDirect      [NumReasons]atomic.Uint64
+	peerConnected, dialFailures         atomic.Uint64
+}
+
+// Stats returns a snapshot of the counters.
+func (m *Mesh) Stats() Stats {
+	s := Stats{
+		Published: m.st.published.Load(), PublishedBytes: m.st.publishedBytes.Load(),
+		Received: m.st.received.Load(), ReceivedBytes: m.st.receivedBytes.Load(),
+		DirectSent: m.st.directSent.Load(), DirectSentBytes: m.st.directSentBytes.Load(),
+		DirectReceived: m.st.directReceived.Load(), DirectReceivedBytes: m.st.directReceivedBytes.Load(),
+		BadSignature:      m.trace.badSignature.Load(),
+		DroppedOutbound:   m.trace.droppedRPC.Load(),
+		DroppedValidation: m.trace.validationDropped.Load(),
+		DroppedSubscriber: m.trace.undeliverable.Load(),
+		PeerConnected:     m.st.peerConnected.Load(), DialFailures: m.st.dialFailures.Load(),
+		Refused: m.gater.refused.Load(),
+		WireIn:  uint64(m.wire.in.Load()), WireOut: uint64(m.wire.out.Load()),
+		GossipWireIn: uint64(m.wire.gossipIn.Load()), GossipWireOut: uint64(m.wire.gossipOut.Load()),
+		SyncWireIn: uint64(m.wire.syncIn.Load()), SyncWireOut: uint64(m.wire.syncOut.Load()),
+	}
+	for r := range NumReasons {
+		s.RejectedGossip[r] = m.st.rejectedGossip[r].Load()
+		s.RejectedDirect[r] = m.st.rejectedDirect[r].Load()
+	}
+	return s
+}
+
+// MeshPeers returns the peers in this member's gossipsub topic mesh (the
+// ones it forwards to), in text form; a freshly connected peer joins it
+// at the next heartbeat.
+func (m *Mesh) MeshPeers() []string {
+	m.trace.mu.Lock()
+	defer m.trace.mu.Unlock()
+	out := make([]string, 0, len(m.trace.mesh))
+	for p := range m.trace.mesh {
+		out = append(out, p.String())
+	}
+	slices.Sort(out)
+	return out
+}

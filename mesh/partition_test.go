@@ -1,0 +1,132 @@
+package mesh
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+)
+
+// TestBlockUnblock cuts two members apart with Block and heals them with
+// Unblock: while blocked they are disconnected, the redial loop keeps
+// failing against the gater, and what is published does not arrive; after
+// Unblock the bootstrap redial reconnects, PeerConnected fires again on
+// both sides (so the runtime runs anti-entropy on heal) and gossip flows.
+func TestBlockUnblock(t *testing.T) {
+	t.Parallel()
+	a, ra := startMesh(t, testConfig(t))
+	cfg := testConfig(t)
+	cfg.Bootstrap = []string{tcpAddr(t, a)}
+	b, rb := startMesh(t, cfg)
+	ctx := context.Background()
+	seq := uint64(0)
+	exchange := func(tag string) {
+		t.Helper()
+		eventually(t, 5*time.Second, "A and B exchange "+tag, func() bool {
+			seq++
+			if err := a.Publish(ctx, batch(a.PeerID(), seq, tag+"-a", 1)); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Publish(ctx, batch(b.PeerID(), seq, tag+"-b", 1)); err != nil {
+				t.Fatal(err)
+			}
+			return rb.has(a.PeerID(), tag+"-a") && ra.has(b.PeerID(), tag+"-b")
+		})
+	}
+	exchange("before")
+	eventually(t, 2*time.Second, "PeerConnected on both sides", func() bool {
+		return ra.connectedCount(b.PeerID()) == 1 && rb.connectedCount(a.PeerID()) == 1
+	})
+
+	if got := a.Peers(); len(got) != 1 || got[0] != b.PeerID() {
+		t.Errorf("A's Peers() = %v, want [B]", got)
+	}
+	if addrs := a.PeerAddrs(b.PeerID()); len(addrs) == 0 || !strings.HasSuffix(addrs[0], "/p2p/"+b.PeerID()) {
+		t.Errorf("A's PeerAddrs(B) = %v", addrs)
+	}
+	if err := a.Block(b.PeerID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "B disconnected", func() bool { return !connected(a, b) && !connected(b, a) })
+	eventually(t, 2*time.Second, "B gone from Peers()", func() bool { return len(a.Peers()) == 0 })
+	refused := a.Stats().Refused
+	// B redials its bootstrap peer A with backoff; A's gater refuses.
+	eventually(t, 5*time.Second, "B's redials refused", func() bool { return a.Stats().Refused >= refused+3 })
+	if connected(a, b) {
+		t.Fatal("blocked peer reconnected")
+	}
+	if err := a.Publish(ctx, batch(a.PeerID(), 10_000, "during", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(a.topic.ListPeers()); got != 0 {
+		t.Errorf("A still has %d topic peers while blocked", got)
+	}
+	if rb.has(a.PeerID(), "during") {
+		t.Error("a batch crossed the block")
+	}
+	if ra.connectedCount(b.PeerID()) != 1 || rb.connectedCount(a.PeerID()) != 1 {
+		t.Error("PeerConnected fired while blocked")
+	}
+
+	if err := a.Unblock(b.PeerID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "reconnected after Unblock, PeerConnected again on both sides", func() bool {
+		return ra.connectedCount(b.PeerID()) == 2 && rb.connectedCount(a.PeerID()) == 2
+	})
+	exchange("after")
+
+	if err := a.Block("not-a-peer"); err == nil {
+		t.Error("Block accepted a bad peer ID")
+	}
+}
+
+// TestRedialAfterDrop: when the connection to a bootstrap peer drops
+// (the peer closes it), the member redials by itself.
+func TestRedialAfterDrop(t *testing.T) {
+	t.Parallel()
+	a, ra := startMesh(t, testConfig(t))
+	cfg := testConfig(t)
+	cfg.Bootstrap = []string{tcpAddr(t, a)}
+	b, _ := startMesh(t, cfg)
+	eventually(t, 2*time.Second, "first PeerConnected", func() bool { return ra.connectedCount(b.PeerID()) == 1 })
+	if err := a.Host().Network().ClosePeer(b.Host().ID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "B redials A", func() bool { return ra.connectedCount(b.PeerID()) == 2 && connected(a, b) })
+}
+
+// TestPeerConnectedBeforeStart: a peer that connects while this member is
+// built but not started is reported once Start runs, and the peer hears
+// of this member once it announces the sync protocol — PeerConnected only
+// ever names peers that can take an anti-entropy answer.
+func TestPeerConnectedBeforeStart(t *testing.T) {
+	t.Parallel()
+	a := newMesh(t, testConfig(t)) // built, listening, not started
+	cfg := testConfig(t)
+	cfg.Bootstrap = []string{tcpAddr(t, a)}
+	b, rb := startMesh(t, cfg)
+	if !connected(b, a) {
+		t.Fatal("B did not reach A")
+	}
+	ra := &recorder{}
+	if got := rb.connectedCount(a.PeerID()); got != 0 {
+		t.Fatalf("B reported A (not yet a member) %d times", got)
+	}
+	if err := a.Start(context.Background(), ra); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "both sides report the other once A starts", func() bool {
+		return ra.connectedCount(b.PeerID()) == 1 && rb.connectedCount(a.PeerID()) == 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := b.SendDirect(ctx, a.PeerID(), []*crdt.Batch{batch(b.PeerID(), 0, "hello", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if !ra.has(b.PeerID(), "hello") {
+		t.Error("anti-entropy answer lost")
+	}
+}
