@@ -122,17 +122,49 @@ func position(windowMs, nowMs int64) (elapsed float64, reset time.Duration) {
 //
 // where u is this member's unacknowledged usage, P the merged usage minus u,
 // N the live members and L the limit times the partition scale. When the
-// member's share (L − P)/N − u is positive but smaller than c, the request
-// is admitted iff draw < share/c: draw is fixed per key and window, so that
-// across N members about L/c requests pass even when L < N·c (a limit of 10
-// per second over 96 members still admits about 10 per second, and never
-// none). A cost of 0 is a peek: allowed iff the share is not exhausted.
+// member's share (L − P)/N − u is positive but smaller than c, and the
+// request fits under L (merged usage + c ≤ L), the request is admitted iff
+// draw < share/c: draw is fixed per key and window, so that across N
+// members about L/c requests pass even when L < N·c (a limit of 10 per
+// second over 96 members still admits about 10 per second, and never
+// none); with N = 1 it is an exact limiter. A cost of 0 is a peek: allowed
+// iff the share is not exhausted (share > 0).
 //
 // Decide is pure: it records nothing. The rule must be valid.
 func (r *Rule) Decide(limit, cost uint64, u Usage, env Env, draw float64) Decision {
+	var d Decision
 	elapsed, reset := position(r.WindowMs(), env.NowMs)
-	used, unacked := u.weighted(r.Algorithm, elapsed)
-	d := Decision{Limit: limit, ResetAfter: reset}
+	r.decide(&d, limit, cost, &u, &env, &lottery{draw: draw}, winPos{elapsed, reset})
+	return d
+}
+
+// winPos is where an instant falls in its window, as position computes it.
+type winPos struct {
+	elapsed float64       // the elapsed fraction of the window
+	reset   time.Duration // the time until the window ends
+}
+
+// lottery is where a decision's draw comes from: draw as given, or, when l
+// is set, l's draw for key, computed only when the decision needs it (the
+// hot path of Limiter.Allow seldom does).
+type lottery struct {
+	l    *Limiter
+	key  string
+	draw float64
+}
+
+func (t *lottery) value(nowMs int64) float64 {
+	if t.l != nil {
+		return t.l.draw(t.key, nowMs)
+	}
+	return t.draw
+}
+
+// decide is Decide writing into *d, which it overwrites entirely, with
+// env.NowMs's position in its window given.
+func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *lottery, pos winPos) {
+	used, unacked := u.weighted(r.Algorithm, pos.elapsed)
+	*d = Decision{Limit: limit, ResetAfter: pos.reset}
 	if cost > limit {
 		d.Reason = ReasonCost
 		d.RetryAfter = Never
@@ -141,22 +173,31 @@ func (r *Rule) Decide(limit, cost uint64, u Usage, env Env, draw float64) Decisi
 		P := used - unacked
 		share := (L-P)/env.members() - unacked
 		c := float64(cost)
+		// room: the request fits under the global limit as this member
+		// sees it (for a peek: the limit is not reached). The lottery
+		// divides room that exists; it never admits beyond L.
+		room := used+c <= L
+		if cost == 0 {
+			room = used < L
+		}
 		switch {
+		case cost == 0:
+			d.Allowed = share > 0
 		case share >= c:
 			d.Allowed = true
-		case cost > 0 && share > 0:
-			d.Allowed = draw < share/c
+		case share > 0 && room:
+			d.Allowed = lot.value(env.NowMs) < share/c
 		}
 		if d.Allowed {
 			d.Reason = ReasonAdmitted
-		} else if used+c <= L {
+		} else if room {
 			d.Reason = ReasonShare
 		} else {
 			d.Reason = ReasonLimit
 		}
 	}
 	if !d.Allowed {
-		d.RetryAfter = r.retryAfter(limit, cost, u, env, d.Reason)
+		d.RetryAfter = r.retryAfter(limit, cost, *u, *env, d.Reason)
 		if r.Shadow {
 			d.Allowed, d.Shadow = true, true
 		}
@@ -168,7 +209,6 @@ func (r *Rule) Decide(limit, cost uint64, u Usage, env Env, draw float64) Decisi
 	if rem := float64(limit) - after; rem > 0 {
 		d.Remaining = uint64(math.Floor(rem))
 	}
-	return d
 }
 
 func (r *Rule) retryAfter(limit, cost uint64, u Usage, env Env, reason Reason) time.Duration {
@@ -178,7 +218,8 @@ func (r *Rule) retryAfter(limit, cost uint64, u Usage, env Env, reason Reason) t
 	case ReasonShare:
 		return ceilMs(env.AckDelay)
 	}
-	return r.Earliest(limit, cost, u, env)
+	// A denied peek waits, like a request of one credit, for room.
+	return r.Earliest(limit, max(cost, 1), u, env)
 }
 
 // Earliest returns how long from now until a request of cost credits could

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
@@ -23,6 +24,11 @@ type Limiter struct {
 	windowMs int64
 	seed     uint64
 	hasExtra bool // overrides or classes: LimitFor needs lookups
+
+	// The window that held the last instant Decide or Allow saw, as
+	// [winStart, winEnd) with index winIdx: spares the hot path its
+	// divisions while time stays within one window. Empty at first.
+	winStart, winEnd, winIdx int64
 }
 
 // New returns a limiter for rule over container c, writing as slot self.
@@ -64,19 +70,28 @@ type Check struct {
 
 // Resolve validates key and req and returns the check to decide.
 func (l *Limiter) Resolve(key string, req Request) (Check, error) {
+	var ch Check
+	err := l.resolve(&ch, key, &req)
+	return ch, err
+}
+
+// resolve is Resolve writing into *ch. It takes pointers so that Allow
+// passes no large struct by value (copying one through the stack costs more
+// than the rest of the resolution).
+func (l *Limiter) resolve(ch *Check, key string, req *Request) error {
 	if key == "" || len(key) > crdt.MaxKeyLen {
-		return Check{}, fmt.Errorf("%w: key must be 1 to %d bytes, got %d", ErrBadKey, crdt.MaxKeyLen, len(key))
+		return fmt.Errorf("%w: key must be 1 to %d bytes, got %d", ErrBadKey, crdt.MaxKeyLen, len(key))
 	}
 	if l.rule.Algorithm == Concurrency {
-		return Check{}, fmt.Errorf("%w: rule %q is a concurrency rule; acquire a lease", ErrWrongAlgorithm, l.rule.Name)
+		return fmt.Errorf("%w: rule %q is a concurrency rule; acquire a lease", ErrWrongAlgorithm, l.rule.Name)
 	}
 	var cost uint64 = 1
 	if req.HasCost && req.Type == "" && req.Cost <= MaxCost {
 		cost = req.Cost
 	} else if req.HasCost || req.Type != "" {
 		var err error
-		if cost, err = l.rule.CostOf(req); err != nil {
-			return Check{}, err
+		if cost, err = l.rule.CostOf(*req); err != nil {
+			return err
 		}
 	}
 	limit := l.rule.Limit
@@ -84,54 +99,115 @@ func (l *Limiter) Resolve(key string, req Request) (Check, error) {
 	if l.hasExtra || req.Class != "" {
 		var err error
 		if limit, unlimited, err = l.rule.LimitFor(key, req.Class); err != nil {
-			return Check{}, err
+			return err
 		}
 	}
-	return Check{Key: key, Cost: cost, Limit: limit, Unlimited: unlimited}, nil
+	ch.Key, ch.Cost, ch.Limit, ch.Unlimited = key, cost, limit, unlimited
+	return nil
 }
 
 // Decide decides ch at env without recording anything.
 func (l *Limiter) Decide(ch Check, env Env) Decision {
-	s := l.set.Series(ch.Key)
+	var d Decision
+	l.decide(&d, &ch, l.set.Series(ch.Key), &env)
+	return d
+}
+
+// ownWindow is the key's window containing the decision's instant, if it
+// exists, and this member's admitted credits in it: what Allow needs to
+// record without looking the key, the window and the slot up again.
+type ownWindow struct {
+	w        *crdt.Window
+	admitted uint64 // w.Admitted.Get(l.self)
+}
+
+// decide is Decide writing into *d, given the key's series s (nil if it has
+// none).
+func (l *Limiter) decide(d *Decision, ch *Check, s *crdt.Series, env *Env) ownWindow {
+	idx, pos := l.window(env.NowMs)
 	if s == nil && ch.Cost > 0 && l.set.Len() >= l.rule.MaxKeys {
-		d := l.rule.Decide(ch.Limit, ch.Cost, Usage{}, env, 0)
+		// Decided as a peek: nothing is consumed, so Remaining stays the
+		// whole limit.
+		l.rule.decide(d, ch.Limit, 0, &Usage{}, env, &lottery{}, pos)
 		d.Allowed, d.Shadow, d.Reason = false, false, ReasonKeyCap
 		d.RetryAfter = d.ResetAfter
-		return d
+		return ownWindow{}
 	}
-	u := l.usage(s, env.NowMs)
+	u, cur := l.usageAt(s, idx)
 	if ch.Unlimited {
-		d := l.rule.Decide(ch.Limit, 0, u, env, 0)
+		l.rule.decide(d, ch.Limit, 0, &u, env, &lottery{}, pos)
 		d.Allowed, d.Shadow, d.RetryAfter, d.Reason = true, false, 0, ReasonUnlimited
-		return d
+		d.Remaining -= min(d.Remaining, ch.Cost) // admitted and counted: Remaining is after it
+		return cur
 	}
-	return l.rule.Decide(ch.Limit, ch.Cost, u, env, l.draw(ch.Key, env.NowMs))
+	l.rule.decide(d, ch.Limit, ch.Cost, &u, env, &lottery{l: l, key: ch.Key}, pos)
+	return cur
+}
+
+// window returns the index of the window containing nowMs and nowMs's
+// position in it, exactly as floorDiv and position compute them, without
+// dividing while nowMs stays in the window of the previous call.
+func (l *Limiter) window(nowMs int64) (idx int64, pos winPos) {
+	if nowMs < l.winStart || nowMs >= l.winEnd {
+		idx = floorDiv(nowMs, l.windowMs)
+		pos.elapsed, pos.reset = position(l.windowMs, nowMs)
+		if w := l.windowMs; w > 0 {
+			into := nowMs % w
+			if into < 0 {
+				into += w
+			}
+			// Cache the window unless its bounds overflow (within a
+			// window of the ends of time, every call divides).
+			if start := nowMs - into; start <= nowMs && start <= math.MaxInt64-w {
+				l.winStart, l.winEnd, l.winIdx = start, start+w, idx
+			}
+		}
+		return idx, pos
+	}
+	into := nowMs - l.winStart
+	return l.winIdx, winPos{float64(into) / float64(l.windowMs), time.Duration(l.windowMs-into) * time.Millisecond}
 }
 
 // Record counts ch in the member's own slot: cost credits attempted, and
 // admitted too when admitted is true. A cost of 0 records nothing.
 func (l *Limiter) Record(ch Check, admitted bool, nowMs int64) {
+	l.record(&ch, ownWindow{}, admitted, nowMs)
+}
+
+// record is Record into own.w, the key's window containing nowMs, or,
+// when it is nil, into that window created as needed.
+func (l *Limiter) record(ch *Check, own ownWindow, admitted bool, nowMs int64) {
 	if ch.Cost == 0 {
 		return
 	}
-	w := l.set.Ensure(ch.Key).EnsureWindow(l.windowMs, floorDiv(nowMs, l.windowMs))
+	w := own.w
+	if w == nil {
+		w = l.set.Ensure(ch.Key).EnsureWindow(l.windowMs, floorDiv(nowMs, l.windowMs))
+		own.admitted = w.Admitted.Get(l.self)
+	}
 	w.Attempted.Add(l.self, ch.Cost)
 	if admitted {
-		w.Admitted.Add(l.self, ch.Cost)
+		// w.Admitted.Add(l.self, ch.Cost), sparing its lookup of the
+		// slot's value, which own holds.
+		v := own.admitted + ch.Cost
+		if v < own.admitted {
+			v = math.MaxUint64 // saturate, as Add does
+		}
+		w.Admitted.Raise(l.self, v)
 	}
 	l.c.MarkDirty(w)
 }
 
 // Allow resolves, decides and records one request. A denial is a Decision
 // with Allowed false, not an error; errors are for bad requests.
-func (l *Limiter) Allow(key string, req Request, env Env) (Decision, error) {
-	ch, err := l.Resolve(key, req)
-	if err != nil {
+func (l *Limiter) Allow(key string, req Request, env Env) (d Decision, err error) {
+	var ch Check
+	if err = l.resolve(&ch, key, &req); err != nil {
 		return Decision{}, err
 	}
-	d := l.Decide(ch, env)
+	own := l.decide(&d, &ch, l.set.Series(key), &env)
 	if d.Reason != ReasonKeyCap {
-		l.Record(ch, d.Allowed, env.NowMs)
+		l.record(&ch, own, d.Allowed, env.NowMs)
 	}
 	return d, nil
 }
@@ -186,12 +262,16 @@ func (l *Limiter) DecideLease(ch Check, env Env, live func(crdt.SlotID) bool) De
 		return Decision{Limit: ch.Limit, Reason: ReasonKeyCap, RetryAfter: l.rule.LeaseTTL}
 	}
 	u := l.LeaseUsage(ch.Key, live)
+	var d Decision
+	var pos winPos // a concurrency rule has no window
 	if ch.Unlimited {
-		d := l.rule.Decide(ch.Limit, 0, u, env, 0)
-		d.Allowed, d.RetryAfter, d.Reason = true, 0, ReasonUnlimited
+		l.rule.decide(&d, ch.Limit, 0, &u, &env, &lottery{}, pos)
+		d.Allowed, d.Shadow, d.RetryAfter, d.Reason = true, false, 0, ReasonUnlimited
+		d.Remaining -= min(d.Remaining, 1) // admitted and counted: Remaining is after it
 		return d
 	}
-	return l.rule.Decide(ch.Limit, 1, u, env, l.draw(ch.Key, env.NowMs))
+	l.rule.decide(&d, ch.Limit, 1, &u, &env, &lottery{l: l, key: ch.Key}, pos)
+	return d
 }
 
 // RecordLease counts one acquisition (delta +1) or release (delta −1) of
@@ -206,29 +286,38 @@ func (l *Limiter) RecordLease(key string, delta int) {
 	l.c.MarkLeasesDirty(s)
 }
 
+// usage returns the usage of series s (nil for none) at nowMs.
 func (l *Limiter) usage(s *crdt.Series, nowMs int64) Usage {
-	var u Usage
+	u, _ := l.usageAt(s, floorDiv(nowMs, l.windowMs))
+	return u
+}
+
+// usageAt returns the usage of series s (nil for none) in window idx, and
+// that window with this member's admitted credits in it, if it exists.
+func (l *Limiter) usageAt(s *crdt.Series, idx int64) (u Usage, cur ownWindow) {
 	if s == nil {
-		return u
+		return u, cur
 	}
-	idx := floorDiv(nowMs, l.windowMs)
 	for _, w := range s.Windows {
 		if w.WindowMs != l.windowMs {
 			continue
 		}
 		switch w.Index {
 		case idx:
-			u.Cur, u.CurUnacked = w.Admitted.Value(), unacked(w, l.self)
+			own := w.Admitted.Get(l.self)
+			u.Cur, u.CurUnacked = w.Admitted.Value(), unacked(own, w.Acked)
+			cur = ownWindow{w, own}
 		case idx - 1:
-			u.Prev, u.PrevUnacked = w.Admitted.Value(), unacked(w, l.self)
+			u.Prev, u.PrevUnacked = w.Admitted.Value(), unacked(w.Admitted.Get(l.self), w.Acked)
 		}
 	}
-	return u
+	return u, cur
 }
 
-func unacked(w *crdt.Window, self crdt.SlotID) uint64 {
-	if own := w.Admitted.Get(self); own > w.Acked {
-		return own - w.Acked
+// unacked returns the part of own admitted credits not yet acknowledged.
+func unacked(own, acked uint64) uint64 {
+	if own > acked {
+		return own - acked
 	}
 	return 0
 }

@@ -257,6 +257,11 @@ func (r *Rule) Validate() error {
 		case lim > MaxLimit:
 			return bad(field, "limit %d is over the maximum %d", lim, MaxLimit)
 		}
+		for _, name := range sortedKeys(r.Classes) {
+			if c := r.Classes[name]; !c.Unlimited && float64(lim)*c.Multiplier > float64(MaxLimit) {
+				return bad(field, "limit %d × class %q multiplier %v is over the maximum %d", lim, name, c.Multiplier, MaxLimit)
+			}
+		}
 	}
 	if r.MaxKeys < 0 {
 		return bad("max_keys", "must not be negative")
@@ -331,6 +336,9 @@ func (r *Rule) CostOf(req Request) (uint64, error) {
 		cost = req.Units / c.Per
 		if req.Units%c.Per != 0 {
 			cost++
+		}
+		if cost > MaxCost {
+			return 0, fmt.Errorf("%w: %d units of %q cost over the maximum %d", ErrBadCost, req.Units, req.Type, MaxCost)
 		}
 	}
 	return cost, nil
