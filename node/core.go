@@ -60,8 +60,8 @@ type Stats struct {
 	// far ahead, for a rule this member does not have, or from a stale
 	// incarnation's lease slot.
 	DroppedExpired, DroppedFuture, DroppedUnknownRule, DroppedStale uint64
-	NacksSent, NacksReceived                                       uint64
-	WindowsCollected                                               uint64
+	NacksSent, NacksReceived                                        uint64
+	WindowsCollected                                                uint64
 	// Decisions by limiter.Reason; Shadowed counts denials turned into
 	// admissions by shadow mode.
 	Decisions [8]uint64
@@ -121,6 +121,7 @@ type Core struct {
 	repairLs  map[*crdt.Series]struct{}
 	resendAll bool
 	needAck   bool
+	lastAck   int64 // the Ack of the last gossip batch we sent
 	offsetMs  int64
 	samples   []int64
 
@@ -630,7 +631,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 		// old slot's lease counts stop counting, its window counts go on.
 		old := m.state
 		m.inc, m.slot = b.From.Incarnation, c.intern(b.From, m)
-		m.evicted, m.lastSeq, m.heardSent, m.ackW, m.gaps = false, 0, 0, 0, m.gaps[:0]
+		m.evicted, m.lastSeq, m.seqKnown, m.heardSent, m.entrySent, m.ackW, m.gaps = false, 0, false, 0, 0, 0, m.gaps[:0]
 		m.state = Alive
 		c.changes = append(c.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: old, To: Alive, New: true})
 		c.recount()
@@ -648,11 +649,17 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	m.clockMs, m.hasClock = b.Clock-now.UnixMilli(), true
 	if b.Has(crdt.FlagLeaving) {
 		c.setState(m, Left)
-	} else if m.state != Alive {
+	} else if m.state != Alive && m.state != Left {
+		// A left incarnation never comes back (a restart takes a new one):
+		// a batch of it arriving after its leave is late or a duplicate.
 		c.setState(m, Alive)
 	}
 	if !full {
 		c.track(m, b)
+	} else if !m.seqKnown {
+		// A full state carries everything up to its Seq: a later gap in
+		// the gossip sequence is a lost batch to nack.
+		m.lastSeq, m.seqKnown = b.Seq, true
 	}
 	if b.Ack > m.ackW {
 		m.ackW = b.Ack
@@ -676,7 +683,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 // latest Sent time feeds our acknowledgement watermark.
 func (c *Core) track(m *member, b *crdt.Batch) {
 	switch {
-	case m.lastSeq == 0 || b.Seq == m.lastSeq+1:
+	case !m.seqKnown || b.Seq == m.lastSeq+1:
 	case b.Seq > m.lastSeq+1:
 		for s := m.lastSeq + 1; s < b.Seq; s++ {
 			if len(m.gaps) >= maxGaps {
@@ -690,8 +697,11 @@ func (c *Core) track(m *member, b *crdt.Batch) {
 			m.gaps = slices.Delete(m.gaps, i, i+1)
 		}
 	}
-	m.lastSeq = max(m.lastSeq, b.Seq)
+	m.lastSeq, m.seqKnown = max(m.lastSeq, b.Seq), true
 	m.heardSent = max(m.heardSent, b.Sent)
+	if len(b.Windows)+len(b.Leases) > 0 {
+		m.entrySent = max(m.entrySent, b.Sent)
+	}
 }
 
 func (c *Core) noteEvicted(now time.Time, b *crdt.Batch) {
@@ -961,6 +971,27 @@ func (c *Core) watermark() int64 {
 	return w
 }
 
+// ackOwed reports whether our watermark has passed a batch with entries
+// that the Ack of our last batch did not cover yet. The author counts
+// those entries as acknowledged only when every alive member's Ack
+// reaches them, and a member's watermark often passes them only after its
+// own acknowledging batch has gone out (it waits for the others' batches
+// too): without one more batch the author's u would stay up until our next
+// heartbeat. Batches without entries never make an ack owed, so this adds
+// at most one batch per member after a burst and never ping-pongs.
+func (c *Core) ackOwed() bool {
+	w := c.watermark()
+	if w <= c.lastAck {
+		return false
+	}
+	for _, m := range c.order {
+		if m.state == Alive && m.entrySent > c.lastAck && m.entrySent <= w {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *Core) applyAcks() {
 	f := c.ackFrontier()
 	done := 0
@@ -1038,11 +1069,12 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		nacks = nacks[:crdt.MaxNacks]
 	}
 	due := len(wins)+len(ls) > 0 || c.needAck || len(nacks) > 0 || flags != 0 ||
-		now.Sub(c.lastSent) >= c.cfg.Heartbeat || c.lastSent.IsZero()
+		now.Sub(c.lastSent) >= c.cfg.Heartbeat || c.lastSent.IsZero() || c.ackOwed()
 	if !due {
 		return nil
 	}
 	c.needAck = false
+	c.lastAck = c.watermark()
 	c.lastSent = now
 	c.stats.NacksSent += uint64(len(nacks))
 	return c.build(now, wins, ls, nacks, flags, true)
@@ -1078,7 +1110,10 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, nack
 	b := newBatch()
 	var sb sentBatch
 	finish := func() {
-		if gossip && len(sb.wins)+len(sb.leases) > 0 {
+		if gossip {
+			// Batches without entries are remembered too, so a nack of
+			// a lost heartbeat is known to need nothing, instead of
+			// making us re-send everything.
 			sb.seq, sb.sent = b.Seq, b.Sent
 			if len(c.ring) >= ringCap {
 				c.ring = c.ring[1:]

@@ -63,7 +63,9 @@ type member struct {
 
 	// Gossip stream bookkeeping for the current incarnation.
 	lastSeq   uint64 // highest gossip seq received
+	seqKnown  bool   // lastSeq is where the sequence stands (from gossip or a full state)
 	heardSent int64  // Sent of the latest gossip batch merged
+	entrySent int64  // Sent of the latest gossip batch with entries merged
 	ackW      int64  // the member's latest acknowledgement watermark
 	gaps      []uint64
 	clockMs   int64 // raw clock sample: their Clock − our raw clock at receipt

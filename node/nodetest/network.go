@@ -21,6 +21,7 @@ package nodetest
 import (
 	"container/heap"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -40,11 +41,24 @@ type Network struct {
 	Duplicate float64
 	// Step is the virtual time between two rounds of Run (default 1ms).
 	Step time.Duration
+	// Filter, when set, is asked about every copy of a batch about to be
+	// sent (gossip and anti-entropy alike), from member from to member to;
+	// returning false drops that copy. It runs before Loss and Duplicate
+	// and must not change b.
+	Filter func(from, to int, b *crdt.Batch) bool
+	// ShareDecoded makes all receivers of one published batch share one
+	// decoding of it instead of decoding a copy each: much faster for
+	// large meshes, and safe as long as cores never modify a batch they
+	// are given (Step must not).
+	ShareDecoded bool
+	// OnReady, when set, sees what each member's Tick returned, after its
+	// messages have been published.
+	OnReady func(i int, now time.Time, rd node.Ready)
 
 	now     time.Time
 	rng     *rand.Rand
 	members []*entry
-	queue   deliveries
+	queue   queue
 	seq     uint64
 	cut     map[[2]int]bool
 	hold    bool
@@ -56,7 +70,7 @@ type Network struct {
 type entry struct {
 	core *node.Core
 	down bool
-	// Clock is added to virtual time to give this member's local clock.
+	// skew is added to virtual time to give this member's local clock.
 	skew time.Duration
 }
 
@@ -65,33 +79,97 @@ type delivery struct {
 	seq  uint64
 	to   int
 	data []byte
+	b    *crdt.Batch // decoded already, when ShareDecoded
 }
 
-type deliveries []delivery
+// queue holds the deliveries in flight, in order of delivery time and,
+// for equal times, of enqueueing: one FIFO bucket per distinct time and a
+// min-heap of the times, so a batch published to a hundred members costs
+// one heap operation, not a hundred.
+type queue struct {
+	buckets map[int64]*bucket
+	times   times
+	n       int
+	last    *bucket   // the bucket pushed to last: most pushes go there again
+	front   *bucket   // the earliest bucket, being drained
+	free    []*bucket // emptied buckets, for reuse
+}
 
-func (d deliveries) Len() int { return len(d) }
-func (d deliveries) Less(i, j int) bool {
-	if !d[i].at.Equal(d[j].at) {
-		return d[i].at.Before(d[j].at)
+type bucket struct {
+	at   int64
+	ds   []delivery
+	head int // deliveries already taken
+}
+
+func (q *queue) push(d delivery) {
+	t := d.at.UnixNano()
+	b := q.last
+	if b == nil || b.at != t {
+		b = q.buckets[t]
+		if b == nil {
+			if k := len(q.free); k > 0 {
+				b, q.free = q.free[k-1], q.free[:k-1]
+			} else {
+				b = &bucket{}
+			}
+			b.at = t
+			q.buckets[t] = b
+			heap.Push(&q.times, t)
+		}
+		q.last = b
 	}
-	return d[i].seq < d[j].seq
+	b.ds = append(b.ds, d)
+	q.n++
 }
-func (d deliveries) Swap(i, j int) { d[i], d[j] = d[j], d[i] }
-func (d *deliveries) Push(x any)   { *d = append(*d, x.(delivery)) }
-func (d *deliveries) Pop() any {
-	old := *d
+
+// pop removes and returns the earliest delivery due at or before limit.
+func (q *queue) pop(limit int64) (delivery, bool) {
+	for len(q.times) > 0 && q.times[0] <= limit {
+		b := q.front
+		if b == nil || b.at != q.times[0] {
+			b = q.buckets[q.times[0]]
+			q.front = b
+		}
+		if b.head < len(b.ds) {
+			d := b.ds[b.head]
+			b.ds[b.head] = delivery{}
+			b.head++
+			q.n--
+			return d, true
+		}
+		delete(q.buckets, b.at)
+		heap.Pop(&q.times)
+		if q.last == b {
+			q.last = nil
+		}
+		q.front = nil
+		b.ds, b.head = b.ds[:0], 0
+		q.free = append(q.free, b)
+	}
+	return delivery{}, false
+}
+
+type times []int64
+
+func (t times) Len() int           { return len(t) }
+func (t times) Less(i, j int) bool { return t[i] < t[j] }
+func (t times) Swap(i, j int)      { t[i], t[j] = t[j], t[i] }
+func (t *times) Push(x any)        { *t = append(*t, x.(int64)) }
+func (t *times) Pop() any {
+	old := *t
 	x := old[len(old)-1]
-	*d = old[:len(old)-1]
+	*t = old[:len(old)-1]
 	return x
 }
 
 // New returns an empty network whose virtual time starts at start.
 func New(seed uint64, start time.Time) *Network {
 	return &Network{
-		Step: time.Millisecond,
-		now:  start,
-		rng:  rand.New(rand.NewPCG(seed, seed^0x5eed)),
-		cut:  make(map[[2]int]bool),
+		Step:  time.Millisecond,
+		now:   start,
+		rng:   rand.New(rand.NewPCG(seed, seed^0x5eed)),
+		cut:   make(map[[2]int]bool),
+		queue: queue{buckets: make(map[int64]*bucket)},
 	}
 }
 
@@ -126,6 +204,18 @@ func (n *Network) Replace(i int, c *node.Core) {
 
 // Crash stops member i: it neither ticks nor receives until Replace.
 func (n *Network) Crash(i int) { n.members[i].down = true }
+
+// Down reports whether member i is stopped (crashed or left).
+func (n *Network) Down(i int) bool { return n.members[i].down }
+
+// Leave makes member i leave gracefully: it publishes what the core's
+// Leave returns to every reachable member and then stops, like Crash.
+func (n *Network) Leave(i int) {
+	for _, b := range n.members[i].core.Leave(n.Local(i)) {
+		n.Publish(i, b)
+	}
+	n.members[i].down = true
+}
 
 // Skew sets member i's local clock to virtual time plus d.
 func (n *Network) Skew(i int, d time.Duration) { n.members[i].skew = d }
@@ -234,7 +324,10 @@ func (n *Network) sendFull(from, to int) {
 	}
 	for _, b := range n.members[from].core.FullState(n.Local(from)) {
 		data := n.encode(from, b)
-		n.enqueue(to, data, n.Delay)
+		if n.Filter != nil && !n.Filter(from, to, b) {
+			continue
+		}
+		n.enqueue(to, data, nil, n.Delay)
 	}
 }
 
@@ -247,9 +340,9 @@ func (n *Network) encode(from int, b *crdt.Batch) []byte {
 	return data
 }
 
-func (n *Network) enqueue(to int, data []byte, delay time.Duration) {
+func (n *Network) enqueue(to int, data []byte, b *crdt.Batch, delay time.Duration) {
 	n.seq++
-	d := delivery{at: n.now.Add(delay), seq: n.seq, to: to, data: data}
+	d := delivery{at: n.now.Add(delay), seq: n.seq, to: to, data: data, b: b}
 	if n.hold {
 		n.held = append(n.held, d)
 		if n.Duplicate > 0 && n.rng.Float64() < n.Duplicate {
@@ -257,22 +350,32 @@ func (n *Network) enqueue(to int, data []byte, delay time.Duration) {
 		}
 		return
 	}
-	heap.Push(&n.queue, d)
+	n.queue.push(d)
 }
 
 // Publish sends b from member from to every member reachable now.
 func (n *Network) Publish(from int, b *crdt.Batch) {
 	data := n.encode(from, b)
+	var shared *crdt.Batch
+	if n.ShareDecoded {
+		var err error
+		if shared, err = crdt.DecodeBatch(data); err != nil {
+			panic(fmt.Sprintf("nodetest: member %d built a batch that does not decode: %v", from, err))
+		}
+	}
 	for to := range n.members {
 		if !n.Reachable(from, to) {
+			continue
+		}
+		if n.Filter != nil && !n.Filter(from, to, b) {
 			continue
 		}
 		if n.Loss > 0 && n.rng.Float64() < n.Loss {
 			continue
 		}
-		n.enqueue(to, data, n.latency())
+		n.enqueue(to, data, shared, n.latency())
 		if !n.hold && n.Duplicate > 0 && n.rng.Float64() < n.Duplicate {
-			n.enqueue(to, data, n.latency())
+			n.enqueue(to, data, shared, n.latency())
 		}
 	}
 }
@@ -290,9 +393,12 @@ func (n *Network) deliver(d delivery) error {
 	if m.down {
 		return nil
 	}
-	b, err := crdt.DecodeBatch(d.data)
-	if err != nil {
-		return fmt.Errorf("nodetest: delivery to %d: %w", d.to, err)
+	b := d.b
+	if b == nil {
+		var err error
+		if b, err = crdt.DecodeBatch(d.data); err != nil {
+			return fmt.Errorf("nodetest: delivery to %d: %w", d.to, err)
+		}
 	}
 	return m.core.Step(n.Local(d.to), b)
 }
@@ -308,6 +414,9 @@ func (n *Network) Tick() {
 		for _, b := range rd.Messages {
 			n.Publish(i, b)
 		}
+		if n.OnReady != nil {
+			n.OnReady(i, n.Local(i), rd)
+		}
 	}
 }
 
@@ -319,8 +428,12 @@ func (n *Network) Run(d time.Duration, each func(now time.Time)) error {
 	end := n.now.Add(d)
 	for n.now.Before(end) {
 		n.now = n.now.Add(n.Step)
-		for n.queue.Len() > 0 && !n.queue[0].at.After(n.now) {
-			if err := n.deliver(heap.Pop(&n.queue).(delivery)); err != nil {
+		for {
+			d, ok := n.queue.pop(n.now.UnixNano())
+			if !ok {
+				break
+			}
+			if err := n.deliver(d); err != nil {
 				return err
 			}
 		}
@@ -335,8 +448,11 @@ func (n *Network) Run(d time.Duration, each func(now time.Time)) error {
 // Drain delivers everything in flight, advancing time as needed (but
 // ticking nobody), and returns the first error.
 func (n *Network) Drain() error {
-	for n.queue.Len() > 0 {
-		d := heap.Pop(&n.queue).(delivery)
+	for {
+		d, ok := n.queue.pop(math.MaxInt64)
+		if !ok {
+			return nil
+		}
 		if d.at.After(n.now) {
 			n.now = d.at
 		}
@@ -344,8 +460,7 @@ func (n *Network) Drain() error {
 			return err
 		}
 	}
-	return nil
 }
 
 // InFlight returns how many deliveries are queued or held.
-func (n *Network) InFlight() int { return n.queue.Len() + len(n.held) }
+func (n *Network) InFlight() int { return n.queue.n + len(n.held) }
