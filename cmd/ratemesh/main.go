@@ -1,0 +1,138 @@
+// Command ratemesh is the ratemesh CLI. Each subcommand has its own flag
+// set; this version implements sim, and serve, demo, check, peers and
+// bench follow.
+//
+//	ratemesh sim --scenario FILE [--seed N] [--out DIR] [--json]
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+
+	"github.com/ratemesh/ratemesh/simulator"
+)
+
+// command is one subcommand: its name, a one-line synopsis, and its entry
+// point, which returns the process exit code.
+type command struct {
+	name, synopsis string
+	run            func(args []string, stdout, stderr io.Writer) int
+}
+
+func commands() []command {
+	return []command{
+		{"sim", "sim --scenario FILE [--seed N] [--out DIR] [--json]", runSim},
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: ratemesh <command> [flags]")
+	fmt.Fprintln(w, "commands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  ratemesh %s\n", c.synopsis)
+	}
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stdout)
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "ratemesh: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func runSim(args []string, stdout, stderr io.Writer) int {
+	fset := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fset.SetOutput(stderr)
+	scenario := fset.String("scenario", "", "scenario YAML `file` (or the name of a built-in scenario: "+strings.Join(simulator.Library(), ", ")+")")
+	seed := fset.Uint64("seed", 0, "replace the scenario's seed")
+	out := fset.String("out", "", "write windows.csv, seconds.csv, nodes.csv and SVG plots into `dir`")
+	asJSON := fset.Bool("json", false, "print only the JSON summary on stdout")
+	workers := fset.Int("workers", runtime.GOMAXPROCS(0), "goroutines that step receivers in parallel (changes the wall time only, never the result)")
+	cpuProfile := fset.String("cpuprofile", "", "write a CPU profile of the run to `file` (for tuning the engine)")
+	if err := fset.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *scenario == "" || fset.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: ratemesh sim --scenario FILE [--seed N] [--out DIR] [--json]")
+		return 2
+	}
+	data, err := os.ReadFile(*scenario)
+	if errors.Is(err, fs.ErrNotExist) && !strings.ContainsAny(*scenario, "/.") {
+		data, err = simulator.LibraryScenario(*scenario)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ratemesh sim: %v\n", err)
+		return 1
+	}
+	sc, err := simulator.Parse(data)
+	if err != nil {
+		fmt.Fprintf(stderr, "ratemesh sim: %s: %v\n", *scenario, err)
+		return 1
+	}
+	opt := simulator.Options{Progress: stderr, Workers: *workers}
+	fset.Visit(func(f *flag.Flag) {
+		if f.Name == "seed" {
+			opt.Seed = seed
+		}
+	})
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "ratemesh sim: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "ratemesh sim: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res, err := simulator.Run(sc, opt)
+	if err != nil {
+		fmt.Fprintf(stderr, "ratemesh sim: %v\n", err)
+		return 1
+	}
+	if *out != "" {
+		if err := res.WriteFiles(*out); err != nil {
+			fmt.Fprintf(stderr, "ratemesh sim: %v\n", err)
+			return 1
+		}
+	}
+	if *asJSON {
+		err = res.WriteJSON(stdout)
+	} else {
+		err = res.WriteTable(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ratemesh sim: %v\n", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,83 @@
+// Package simulator runs a ratemesh mesh of real node.Core state machines
+// under a virtual clock and a simulated network, and measures how well the
+// mesh keeps its limits. It reads the scenario files and writes the summary
+// that DESIGN.md ("Simulator scenario (YAML) and summary (JSON)") defines.
+//
+// A run is a seed: the same scenario and seed give byte-identical JSON
+// (except wall_seconds), CSV and SVG. One *rand.Rand (PCG) seeded from the
+// scenario seed drives everything; each core's own rand is seeded from it
+// as the core is created, and nothing reads the wall clock except the
+// wall_seconds figure and the progress lines on the Progress writer.
+//
+// The driving loop, one virtual millisecond at a time:
+//
+//	for t := 0; t < duration; t++ {
+//		apply the events due at t        // partitions, crashes, joins, rate changes, churn
+//		deliver the batches due at t     // core.Step(local clock, batch) per receiver
+//		generate the requests of t       // core.Allow per request, Poisson arrivals
+//		tick the nodes whose NextTick ≤ t // core.Tick; publish Ready.Messages
+//	}
+//
+// Each node's local clock is virtual time plus its skew offset. Time starts
+// at 2026-01-01T00:00:00Z, aligned to every window.
+//
+// # Network
+//
+// A published batch is encoded once with its real CBOR encoding (the bytes
+// are what bytes_per_node_per_s counts; one publish is one message) and the
+// same *crdt.Batch value is delivered to every receiver that is up and in
+// the sender's partition group, each after latency plus a uniform jitter
+// draw rounded up to whole milliseconds, unless a per-receiver loss draw
+// drops it. A delivery whose endpoints were partitioned apart while it was
+// in flight is lost. Anti-entropy (each side's Core.FullState, direct, never
+// lost) runs between newly connected pairs on heal, and between a joining or
+// restarted node and every reachable node. The nodes present at the start
+// form their mesh before time 0: each receives every other's full state at
+// once, so nobody starts on an empty view.
+//
+// # Workloads
+//
+// Requests arrive as a Poisson process per workload (drawn per millisecond)
+// and go to a node drawn from node_dist; a request drawn for a node that is
+// down goes to a uniformly drawn live node of the workload's pool, as a load
+// balancer would (with none live it is offered and not admitted). Keys are
+// named "w<i>-k<j>" (workload i, key j), so workloads never share keys;
+// overrides in a scenario name keys that way. Besides DESIGN's fields a
+// workload may set cost (credits per request), class, and nodes (a node set
+// the requests go to; node_dist picks within it, and "single:N" names node
+// N). A rate event may name a workload by index and change its node_dist as
+// well as its rate. A well_behaved workload never offers a key more than its
+// limit within one true window.
+//
+// # Metrics
+//
+// Every accuracy figure is measured on true virtual time, over the whole
+// run (no warm-up is excluded). A key-window is one key in one window
+// aligned to the epoch on true time, [k·w, (k+1)·w); for sliding_window
+// rules too, whose admissions within any aligned window can never exceed the
+// limit either. Only key-windows with offered requests count.
+// overshoot_max and overshoot_p99 are over admitted credits/limit − 1
+// (floored at 0; the limit after override and class, before partition
+// scaling); utilisation is Σ admitted / Σ min(offered, limit) in credits;
+// false_rejections are the rejected requests of well_behaved workloads.
+// convergence_p99_ms samples published batches (per rule): the time from
+// publish until every node that was up and reachable at publish time has
+// merged the sample's values (from that batch or a later one of the same
+// sender); receivers that crash or are cut off leave the sample, and
+// samples open after 10 s are dropped. messages_per_node_per_s and
+// bytes_per_node_per_s count gossip and anti-entropy sends over node-seconds
+// up; they are mesh-wide (one batch carries every rule), so every rule
+// reports the same figures.
+//
+// # Speed
+//
+// Requests are generated inline, per millisecond, never queued; deliveries
+// wait in a timing wheel of per-millisecond, per-receiver inboxes, and each
+// receiver is stepped through its inbox in one go. Options.Workers > 1 steps
+// disjoint ranges of receivers in parallel within one millisecond: cores
+// share nothing and each still sees the same calls in the same order, so the
+// outputs do not change (a test checks this under the race detector). The
+// cost of a run is dominated by Core.Step: every published batch is merged
+// by every other node, so a mesh of n nodes publishing m batches per second
+// each costs n·(n−1)·m merges per virtual second.
+package simulator

@@ -1,0 +1,231 @@
+package simulator
+
+import (
+	"math"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+)
+
+func (s *sim) apply(e simEvent) error {
+	switch e.kind {
+	case EvSkew:
+		for _, i := range e.ev.Nodes {
+			n := s.nodes[i]
+			if !n.exists || n.gone {
+				s.skipped++
+				continue
+			}
+			if e.ev.HasBy {
+				n.skewNs = int64(e.ev.By)
+			} else {
+				ms := e.ev.Spread.Milliseconds()
+				n.skewNs = (s.rng.Int64N(2*ms+1) - ms) * int64(time.Millisecond)
+			}
+		}
+	case EvPartition:
+		if s.partStart < 0 {
+			s.partStart = s.now
+		}
+		old := s.groups()
+		for _, i := range s.present {
+			s.nodes[i].group = 0
+		}
+		for g, grp := range e.ev.Groups {
+			for _, i := range grp {
+				s.nodes[i].group = g + 1
+			}
+		}
+		s.pruneSamples()
+		if err := s.reconnect(old); err != nil {
+			return err
+		}
+	case EvHeal:
+		if s.partStart >= 0 {
+			s.shades = append(s.shades, Shade{Kind: "partition", From: s.partStart, To: s.now})
+			s.partStart = -1
+		}
+		old := s.groups()
+		for _, i := range s.present {
+			s.nodes[i].group = 0
+		}
+		if err := s.reconnect(old); err != nil {
+			return err
+		}
+	case EvCrash:
+		for _, i := range e.ev.Nodes {
+			if !s.crash(i) {
+				s.skipped++
+			}
+		}
+	case EvRestart:
+		for _, i := range e.ev.Nodes {
+			ok, err := s.restart(i)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				s.skipped++
+			}
+		}
+	case EvJoin:
+		for range e.ev.Count {
+			i := len(s.present)
+			for j, n := range s.nodes {
+				if !n.exists {
+					i = j
+					break
+				}
+			}
+			if err := s.startNode(i, true); err != nil {
+				return err
+			}
+			s.refreshUp()
+			if err := s.antiEntropy(i); err != nil {
+				return err
+			}
+		}
+	case EvLeave:
+		for _, i := range e.ev.Nodes {
+			n := s.nodes[i]
+			if !n.up {
+				s.skipped++
+				continue
+			}
+			for _, b := range n.core.Leave(s.local(i)) {
+				if err := s.publish(i, b); err != nil {
+					return err
+				}
+			}
+			n.core, n.up, n.gone = nil, false, true
+			for k, p := range s.present {
+				if p == i {
+					s.present = append(s.present[:k], s.present[k+1:]...)
+					break
+				}
+			}
+			s.refreshUp()
+			s.dropSender(i)
+			s.pruneSamples()
+		}
+	case EvRate:
+		ws := s.wls[e.ev.Workload]
+		if e.ev.HasRate {
+			ws.setRate(e.ev.Rate)
+		}
+		if e.ev.HasNodeDist {
+			ws.w.NodeDist = e.ev.NodeDist
+		}
+	case evChurn:
+		c := s.sc.Churn
+		up := append([]int32(nil), s.upList...)
+		k := int(math.Round(c.Fraction * float64(len(up))))
+		k = max(1, min(k, len(up)))
+		for j := 0; j < k; j++ {
+			p := j + s.rng.IntN(len(up)-j)
+			up[j], up[p] = up[p], up[j]
+			i := int(up[j])
+			s.crash(i)
+			s.push(simEvent{at: s.now + c.DownFor.Milliseconds(), kind: evChurnRestart, node: i})
+		}
+		s.push(simEvent{at: s.now + c.Every.Milliseconds(), kind: evChurn})
+	case evChurnRestart:
+		if _, err := s.restart(e.node); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// groups returns every node's partition group.
+func (s *sim) groups() []int {
+	old := make([]int, len(s.nodes))
+	for i, n := range s.nodes {
+		old[i] = n.group
+	}
+	return old
+}
+
+// reconnect runs anti-entropy between every pair of up nodes that the
+// change from the old groups connected: each sends the other its full
+// state.
+func (s *sim) reconnect(old []int) error {
+	states := make(map[int][]*crdt.Batch)
+	for _, a := range s.upList {
+		for _, b := range s.upList {
+			if a == b || old[a] == old[b] || s.nodes[a].group != s.nodes[b].group {
+				continue
+			}
+			st, ok := states[int(a)]
+			if !ok {
+				st = s.nodes[a].core.FullState(s.local(int(a)))
+				states[int(a)] = st
+			}
+			if err := s.countDirect(int(a), st); err != nil {
+				return err
+			}
+			s.direct(int(a), int(b), st)
+		}
+	}
+	return nil
+}
+
+// countDirect counts one direct send of bs by node from.
+func (s *sim) countDirect(from int, bs []*crdt.Batch) error {
+	for _, b := range bs {
+		if err := s.account(from, b, 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// crash stops node i and drops its core: its volatile state is lost.
+func (s *sim) crash(i int) bool {
+	n := s.nodes[i]
+	if !n.up {
+		return false
+	}
+	n.core, n.up = nil, false
+	s.downStart[i] = s.now
+	s.refreshUp()
+	s.dropSender(i)
+	s.pruneSamples()
+	return true
+}
+
+// restart starts a crashed node with a new incarnation, and runs
+// anti-entropy with every node it reaches.
+func (s *sim) restart(i int) (bool, error) {
+	n := s.nodes[i]
+	if n.up || n.gone || !n.exists {
+		return false, nil
+	}
+	if err := s.startNode(i, true); err != nil {
+		return false, err
+	}
+	s.refreshUp()
+	return true, s.antiEntropy(i)
+}
+
+// antiEntropy exchanges full states between node i and every up node in its
+// group.
+func (s *sim) antiEntropy(i int) error {
+	mine := s.nodes[i].core.FullState(s.local(i))
+	for _, r := range s.upList {
+		j := int(r)
+		if j == i || s.nodes[j].group != s.nodes[i].group {
+			continue
+		}
+		theirs := s.nodes[j].core.FullState(s.local(j))
+		if err := s.countDirect(j, theirs); err != nil {
+			return err
+		}
+		s.direct(j, i, theirs)
+		if err := s.countDirect(i, mine); err != nil {
+			return err
+		}
+		s.direct(i, j, mine)
+	}
+	return nil
+}

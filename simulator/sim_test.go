@@ -1,0 +1,291 @@
+package simulator
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// mixed exercises every event kind, churn, loss, skew, classes, costs and
+// node sets in a few virtual seconds.
+const mixed = `
+name: mixed
+seed: 7
+duration: 6s
+nodes: 8
+network: {latency: 5ms, jitter: 4ms, loss: 0.02}
+mesh: {sync_interval: 20ms, heartbeat: 200ms, suspect_after: 600ms, dead_after: 1s, evict_after: 2s}
+rules:
+  - {name: api, algorithm: sliding_window, limit: 200, window: 1s}
+  - {name: fixed, algorithm: fixed_window, limit: 50, window: 500ms, classes: {gold: 2}}
+workload:
+  - {rule: api, rate: 2000, keys: 5, key_dist: "zipf:1.2", node_dist: "skew:0.5:2"}
+  - {rule: api, rate: 20, keys: 4, well_behaved: true}
+  - {rule: fixed, rate: 500, keys: 3, cost: 2, class: gold, nodes: "0-3"}
+events:
+  - {at: 0s, skew: {nodes: "0-7", spread: 30ms}}
+  - {at: 1s, partition: ["0-3", "4-7"]}
+  - {at: 2s, heal: true}
+  - {at: 2500ms, crash: [1]}
+  - {at: 3s, restart: [1]}
+  - {at: 3200ms, join: 1}
+  - {at: 4s, leave: [2]}
+  - {at: 4500ms, rate: {rule: api, rate: 4000, node_dist: uniform}}
+churn: {every: 2s, fraction: 0.25, down_for: 500ms}
+`
+
+func mustParse(t testing.TB, data string) *Scenario {
+	t.Helper()
+	sc, err := Parse([]byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+// outputs runs sc and returns every output file by name, the JSON with
+// wall_seconds zeroed.
+func outputs(t testing.TB, sc *Scenario, opt Options) map[string][]byte {
+	t.Helper()
+	res, err := Run(sc, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Summary.WallSeconds = 0
+	var js, table bytes.Buffer
+	if err := res.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	if err := res.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := res.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{"summary.json": js.Bytes(), "table.txt": table.Bytes()}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = data
+	}
+	return out
+}
+
+func TestSameSeedSameBytes(t *testing.T) {
+	sc := mustParse(t, mixed)
+	a := outputs(t, sc, Options{})
+	b := outputs(t, sc, Options{})
+	// More workers must not change a byte either (cores share nothing).
+	c := outputs(t, sc, Options{Workers: 3, parallelMin: 1})
+	if len(a) != 7 {
+		t.Fatalf("outputs %d files, want 7", len(a))
+	}
+	for name, data := range a {
+		if !bytes.Equal(data, b[name]) {
+			t.Errorf("%s differs between two runs of seed %d", name, sc.Seed)
+		}
+		if !bytes.Equal(data, c[name]) {
+			t.Errorf("%s differs with 3 workers (seed %d)", name, sc.Seed)
+		}
+	}
+	for _, name := range []string{"windows.csv", "seconds.csv", "nodes.csv"} {
+		if lines := bytes.Count(a[name], []byte("\n")); lines < 3 {
+			t.Errorf("%s has %d lines", name, lines)
+		}
+	}
+	if !bytes.Contains(a["admitted.svg"], []byte(`<title>partition</title>`)) || !bytes.Contains(a["admitted.svg"], []byte(`<title>down</title>`)) {
+		t.Error("admitted.svg shades neither the partition nor the crashes")
+	}
+	t.Logf("%s", a["table.txt"])
+}
+
+func TestSeedsDiffer(t *testing.T) {
+	sc := mustParse(t, mixed)
+	one, two := uint64(1), uint64(2)
+	a := outputs(t, sc, Options{Seed: &one})
+	b := outputs(t, sc, Options{Seed: &two})
+	if bytes.Equal(a["summary.json"], b["summary.json"]) || bytes.Equal(a["windows.csv"], b["windows.csv"]) {
+		t.Errorf("seeds 1 and 2 gave the same outputs:\n%s", a["summary.json"])
+	}
+	if !bytes.Contains(b["summary.json"], []byte(`"seed": 2`)) {
+		t.Errorf("summary does not carry the overriding seed:\n%s", b["summary.json"])
+	}
+}
+
+func TestMixedRunAccounting(t *testing.T) {
+	sc := mustParse(t, mixed)
+	res, err := Run(sc, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Churn may crash a node a scripted event then finds down; it is skipped.
+	t.Logf("%d scripted actions skipped", res.Skipped)
+	for _, rs := range res.Summary.Rules {
+		if rs.Offered == 0 || rs.Admitted == 0 || rs.Admitted > rs.Offered || rs.Windows == 0 {
+			t.Errorf("rule %s: %+v", rs.Name, rs)
+		}
+		if rs.MessagesPerNodePerS <= 0 || rs.BytesPerNodePerS <= 0 {
+			t.Errorf("rule %s reports no traffic: %+v", rs.Name, rs)
+		}
+	}
+	// The joined node (index 8) sent something; the departed one (2) stops.
+	if len(res.Nodes) != 9 || res.Nodes[8].Messages == 0 {
+		t.Errorf("node rows %+v", res.Nodes)
+	}
+}
+
+func runLibrary(t *testing.T, name string, seed *uint64) *Result {
+	t.Helper()
+	data, err := LibraryScenario(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(mustParse(t, string(data)), Options{Seed: seed, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rs := range res.Summary.Rules {
+		t.Logf("%s seed %d: %+v", name, res.Summary.Seed, rs)
+	}
+	return res
+}
+
+func TestSteadyIsAccurate(t *testing.T) {
+	res := runLibrary(t, "steady", nil)
+	rs := res.Summary.Rules[0]
+	if rs.OvershootMax > 0.02 {
+		t.Errorf("steady (seed %d): overshoot_max %v > 0.02", res.Summary.Seed, rs.OvershootMax)
+	}
+	if rs.Utilisation < 0.95 {
+		t.Errorf("steady (seed %d): utilisation %v < 0.95", res.Summary.Seed, rs.Utilisation)
+	}
+	if rs.FalseRejections != 0 {
+		t.Errorf("steady (seed %d): %d false rejections", res.Summary.Seed, rs.FalseRejections)
+	}
+}
+
+// TestPartitionBeforeSuspect is the small, race-friendly form of
+// partition-strict: the split heals before anyone turns suspect, and the
+// two sides together still stay within the limit.
+func TestPartitionBeforeSuspect(t *testing.T) {
+	sc := mustParse(t, `
+name: split-before-suspect
+seed: 3
+duration: 8s
+nodes: 10
+network: {latency: 10ms, jitter: 5ms, loss: 0.01}
+mesh: {sync_interval: 20ms, heartbeat: 500ms, suspect_after: 2s, partition_policy: strict}
+rules:
+  - {name: api, algorithm: sliding_window, limit: 1000, window: 1s}
+  - {name: fixed, algorithm: fixed_window, limit: 500, window: 1s}
+workload:
+  - {rule: api, rate: 10000, keys: 3, node_dist: uniform}
+  - {rule: fixed, rate: 5000, keys: 3, node_dist: uniform}
+events:
+  - {at: 2300ms, partition: ["0-4", "5-9"]}
+  - {at: 4000ms, heal: true}
+`)
+	for _, seed := range []uint64{1, 2, 3} {
+		res, err := Run(sc, Options{Seed: &seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rs := range res.Summary.Rules {
+			if rs.OvershootMax > 0.02 {
+				t.Errorf("seed %d, rule %s: overshoot_max %v > 0.02", seed, rs.Name, rs.OvershootMax)
+			}
+		}
+	}
+}
+
+// TestLibraryScenarios runs every library scenario but scale-1000 (see
+// TestScale1000) and checks the claims the library makes. It is heavy and
+// single-threaded at heart, so it skips under -race and -short; CI without
+// -race runs it.
+func TestLibraryScenarios(t *testing.T) {
+	if raceEnabled || testing.Short() {
+		t.Skip("heavy scenarios skip under -race and -short; run go test ./simulator/ without them")
+	}
+	for _, name := range Library() {
+		if name == "scale-1000" {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			res := runLibrary(t, name, nil)
+			for _, rs := range res.Summary.Rules {
+				if rs.Offered == 0 || rs.Admitted > rs.Offered {
+					t.Errorf("rule %s: %+v", rs.Name, rs)
+				}
+			}
+			rs := res.Summary.Rules[0]
+			switch name {
+			case "steady":
+				if rs.OvershootMax > 0.02 || rs.Utilisation < 0.95 {
+					t.Errorf("steady: overshoot_max %v, utilisation %v", rs.OvershootMax, rs.Utilisation)
+				}
+			case "partition-strict":
+				if rs.OvershootMax > 0.02 {
+					t.Errorf("partition-strict: overshoot_max %v > 0.02", rs.OvershootMax)
+				}
+			case "partition-available":
+				if rs.OvershootMax < 0.5 {
+					t.Errorf("partition-available: overshoot_max %v; each side should use the whole limit", rs.OvershootMax)
+				}
+			}
+		})
+	}
+}
+
+// TestScale1000 runs the 1000-node scenario. It takes many minutes with
+// the current core (10 million Core.Step calls per virtual second), so it
+// runs only when RATEMESH_SIM_SCALE=1.
+func TestScale1000(t *testing.T) {
+	if os.Getenv("RATEMESH_SIM_SCALE") != "1" || raceEnabled {
+		t.Skip("set RATEMESH_SIM_SCALE=1 (without -race) to run scale-1000")
+	}
+	res := runLibrary(t, "scale-1000", nil)
+	fmt.Fprintf(os.Stderr, "scale-1000: wall %.1fs\n", res.Summary.WallSeconds)
+	if rs := res.Summary.Rules[0]; rs.OvershootMax > 0.02 {
+		t.Errorf("overshoot_max %v", rs.OvershootMax)
+	}
+}
+
+func TestP99(t *testing.T) {
+	cases := []struct {
+		pos  []float64
+		n    uint64
+		want float64
+	}{
+		{nil, 0, 0},
+		{nil, 100, 0},
+		{[]float64{0.5}, 100, 0},
+		{[]float64{0.5, 0.7}, 100, 0.5},
+		{[]float64{3, 1, 2}, 3, 3},
+	}
+	for _, c := range cases {
+		if got := p99(append([]float64(nil), c.pos...), c.n); got != c.want {
+			t.Errorf("p99(%v, %d) = %v, want %v", c.pos, c.n, got, c.want)
+		}
+	}
+}
+
+func TestTableNamesEveryRule(t *testing.T) {
+	res := &Result{Summary: Summary{Scenario: "s", Rules: []RuleSummary{{Name: "alpha"}, {Name: "beta"}}}}
+	var b strings.Builder
+	if err := res.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "alpha") || !strings.Contains(b.String(), "beta") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}
