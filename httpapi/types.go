@@ -1,0 +1,140 @@
+// Package httpapi serves a node over HTTP: the JSON API of DESIGN.md
+// (/v1/allow, /v1/wait, /v1/acquire, /v1/renew, /v1/release, /v1/usage,
+// /v1/peers, /v1/peers/{peer_id}/evict, /healthz) and Prometheus metrics on
+// /metrics, from its own registry.
+//
+// The exported request and response types below are the wire contract:
+// clients (ratemesh check, peers, bench, the middleware's remote mode)
+// encode and decode with them.
+package httpapi
+
+// AllowRequest is the body of POST /v1/allow (single form) and one element
+// of MultiAllowRequest.Checks. Cost, when set, is the request's cost in
+// credits (0 is a peek); otherwise Type and Units price it by the rule's
+// cost table; neither means a cost of 1.
+type AllowRequest struct {
+	Rule  string  `json:"rule"`
+	Key   string  `json:"key"`
+	Cost  *uint64 `json:"cost,omitempty"`
+	Type  string  `json:"type,omitempty"`
+	Units *uint64 `json:"units,omitempty"`
+	Class string  `json:"class,omitempty"`
+}
+
+// AllowResponse is the answer to one check. RetryAfterMs is 0 when
+// allowed, and −1 when the cost exceeds the limit and can never be
+// admitted.
+type AllowResponse struct {
+	Allowed      bool   `json:"allowed"`
+	Limit        uint64 `json:"limit"`
+	Remaining    uint64 `json:"remaining"`
+	ResetAfterMs int64  `json:"reset_after_ms"`
+	RetryAfterMs int64  `json:"retry_after_ms"`
+}
+
+// MultiAllowRequest is the all-or-nothing form of POST /v1/allow: admitted
+// only if every check passes, and nothing is consumed when any fails.
+type MultiAllowRequest struct {
+	Checks []AllowRequest `json:"checks"`
+}
+
+// MultiAllowResponse answers a MultiAllowRequest; Results come in the
+// order of the checks.
+type MultiAllowResponse struct {
+	Allowed bool            `json:"allowed"`
+	Results []AllowResponse `json:"results"`
+}
+
+// WaitRequest is the body of POST /v1/wait: a single check plus the
+// longest the server may wait for it (absent: until the request's own
+// deadline). The answer is an AllowResponse.
+type WaitRequest struct {
+	AllowRequest
+	MaxWaitMs *int64 `json:"max_wait_ms,omitempty"`
+}
+
+// AcquireRequest is the body of POST /v1/acquire (concurrency rules).
+type AcquireRequest struct {
+	Rule  string `json:"rule"`
+	Key   string `json:"key"`
+	Class string `json:"class,omitempty"`
+}
+
+// AcquireResponse answers an AcquireRequest. LeaseID and TTLMs are set
+// when Allowed.
+type AcquireResponse struct {
+	Allowed   bool   `json:"allowed"`
+	LeaseID   string `json:"lease_id"`
+	Limit     uint64 `json:"limit"`
+	Remaining uint64 `json:"remaining"`
+	TTLMs     int64  `json:"ttl_ms"`
+}
+
+// RenewRequest is the body of POST /v1/renew.
+type RenewRequest struct {
+	LeaseID string `json:"lease_id"`
+}
+
+// RenewResponse answers a RenewRequest: the lease lives TTLMs from now.
+type RenewResponse struct {
+	TTLMs int64 `json:"ttl_ms"`
+}
+
+// ReleaseRequest is the body of POST /v1/release; the answer is {}.
+type ReleaseRequest struct {
+	LeaseID string `json:"lease_id"`
+}
+
+// SlotJSON is one slot's counts in a UsageResponse.
+type SlotJSON struct {
+	PeerID      string `json:"peer_id"`
+	Incarnation uint64 `json:"incarnation"`
+	Admitted    uint64 `json:"admitted"`
+	Attempted   uint64 `json:"attempted"`
+}
+
+// UsageResponse answers GET /v1/usage?rule=&key=. Window is the current
+// window's index (0 for concurrency rules, whose Total is the live leases).
+type UsageResponse struct {
+	Rule     string     `json:"rule"`
+	Key      string     `json:"key"`
+	Window   int64      `json:"window"`
+	WindowMs int64      `json:"window_ms"`
+	Total    uint64     `json:"total"`
+	Slots    []SlotJSON `json:"slots"`
+}
+
+// PeerJSON is one member in a PeersResponse. State is alive, suspect,
+// dead or left; LastSeenMs is the age of the last message heard (0 for
+// self); Addrs are full multiaddrs ending in /p2p/<peer_id>; RulesHash is
+// the member's rules hash as 16 hex digits, and RulesMatch compares it
+// with this node's.
+type PeerJSON struct {
+	PeerID      string   `json:"peer_id"`
+	Incarnation uint64   `json:"incarnation"`
+	Addrs       []string `json:"addrs"`
+	State       string   `json:"state"`
+	LastSeenMs  int64    `json:"last_seen_ms"`
+	RulesHash   string   `json:"rules_hash"`
+	RulesMatch  bool     `json:"rules_match"`
+	Self        bool     `json:"self"`
+}
+
+// PeersResponse answers GET /v1/peers: every member, this node included.
+type PeersResponse struct {
+	Peers []PeerJSON `json:"peers"`
+}
+
+// ErrorResponse is the body of every 4xx answer. Error names the field
+// at fault; Owner names the owning peer when a lease belongs to another
+// node (404 from /v1/renew and /v1/release).
+type ErrorResponse struct {
+	Error string `json:"error"`
+	Owner string `json:"owner,omitempty"`
+}
+
+// HealthResponse answers GET /healthz: state "ready" (200) or "joining"
+// (503).
+type HealthResponse struct {
+	State string `json:"state"`
+}
