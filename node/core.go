@@ -62,6 +62,9 @@ type Stats struct {
 	DroppedExpired, DroppedFuture, DroppedUnknownRule, DroppedStale uint64
 	NacksSent, NacksReceived                                        uint64
 	WindowsCollected                                                uint64
+	// KeysCollected counts keys dropped once none of their windows was
+	// live any more (eviction of idle keys; see max_keys).
+	KeysCollected uint64
 	// Decisions by limiter.Reason; Shadowed counts denials turned into
 	// admissions by shadow mode.
 	Decisions [8]uint64
@@ -871,7 +874,9 @@ func (c *Core) Tick(now time.Time) Ready {
 		rd.Messages = c.flush(now, 0)
 	}
 	if !now.Before(c.nextCollect) {
+		keys := c.keysHeld()
 		c.stats.WindowsCollected += uint64(c.c.Collect(c.MeshMs(now)))
+		c.stats.KeysCollected += uint64(keys - c.keysHeld())
 		c.nextCollect = now.Add(c.collectEvery())
 		c.forgetEvictions(now)
 	}

@@ -1,0 +1,136 @@
+package node
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/limiter"
+)
+
+// SetRules replaces the core's rules with rules, all or nothing: every rule
+// is normalised and validated first, and an invalid rule or a name defined
+// twice leaves the core unchanged with an error naming the rule and the
+// field. A rule whose definition is unchanged keeps its limiter as it was.
+// A changed rule gets a new limiter over the same counters: a key's usage
+// carries over when the window is unchanged, while a changed window starts
+// fresh, because window_ms is part of a counter's identity (the old
+// windows are collected as usual). Leases of a rule that is removed or is
+// no longer a concurrency rule are released. The rules hash, which every
+// batch advertises, is updated.
+func (c *Core) SetRules(rules []limiter.Rule) error {
+	next := make(map[string]*limiter.Limiter, len(rules))
+	normalised := make([]limiter.Rule, len(rules))
+	for i, r := range rules {
+		if _, dup := next[r.Name]; dup {
+			return fmt.Errorf("%w: rule %q: name: defined twice", ErrInvalidConfig, r.Name)
+		}
+		if err := r.Normalize(); err != nil {
+			return err
+		}
+		if old := c.limiters[r.Name]; old != nil && old.Rule().Hash() == r.Hash() {
+			next[r.Name], normalised[i] = old, *old.Rule()
+			continue
+		}
+		l, err := limiter.New(r, c.c, c.selfID, c.cfg.Rand.Uint64())
+		if err != nil {
+			return err
+		}
+		next[r.Name], normalised[i] = l, *l.Rule()
+	}
+	var dropped []*lease
+	for _, ls := range c.leases {
+		if l := next[ls.rule]; l == nil || l.Rule().Algorithm != limiter.Concurrency {
+			dropped = append(dropped, ls)
+		}
+	}
+	sort.Slice(dropped, func(i, j int) bool { return dropped[i].id < dropped[j].id })
+	for _, ls := range dropped {
+		c.release(ls) // through the old limiter, which still holds the counter
+	}
+	c.limiters = next
+	c.cfg.Rules = normalised
+	c.rulesHash = limiter.HashRules(normalised)
+	return nil
+}
+
+// Rules returns the core's normalised rules, in the order they were given.
+func (c *Core) Rules() []limiter.Rule {
+	return append([]limiter.Rule(nil), c.cfg.Rules...)
+}
+
+// RuleHeld is what a member holds for one rule: the keys (series) and
+// the windows over all of them.
+type RuleHeld struct {
+	Rule    string
+	Keys    int
+	Windows int
+}
+
+// Held returns, per rule and sorted by name, the keys and windows this
+// member holds. It walks every key: call it at scrape time, not per
+// request.
+func (c *Core) Held() []RuleHeld {
+	names := c.RuleNames()
+	out := make([]RuleHeld, 0, len(names))
+	for _, name := range names {
+		set := c.limiters[name].Set()
+		h := RuleHeld{Rule: name, Keys: set.Len()}
+		set.Each(func(s *crdt.Series) { h.Windows += len(s.Windows) })
+		out = append(out, h)
+	}
+	return out
+}
+
+// keysHeld counts the keys held over every rule set in the container.
+func (c *Core) keysHeld() int {
+	n := 0
+	for _, name := range c.c.Rules() {
+		n += c.c.Lookup(name).Len()
+	}
+	return n
+}
+
+// Reload replaces the running member's rules (see Core.SetRules): all or
+// nothing, effective for the next decision. Merging rule by rule, so that
+// an invalid rule keeps its old version, is the caller's part (package
+// config).
+func (n *Node) Reload(rules []limiter.Rule) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return ErrClosed
+	}
+	before := n.core.RulesHash()
+	if err := n.core.SetRules(rules); err != nil {
+		return err
+	}
+	n.log.Info("rules reloaded", "rules", len(rules), "rules_hash", fmt.Sprintf("%016x", n.core.RulesHash()), "previous_hash", fmt.Sprintf("%016x", before))
+	return nil
+}
+
+// Rules returns the member's normalised rules.
+func (n *Node) Rules() []limiter.Rule {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.core.Rules()
+}
+
+// RulesHash returns the hash of the member's rules, as its batches
+// advertise it.
+func (n *Node) RulesHash() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.core.RulesHash()
+}
+
+// Held returns the keys and windows the member holds per rule (see
+// Core.Held); nil after Close.
+func (n *Node) Held() []RuleHeld {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil
+	}
+	return n.core.Held()
+}
