@@ -29,6 +29,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ratemesh/ratemesh/limiter"
@@ -36,7 +37,8 @@ import (
 )
 
 // Limiter is what the middleware needs of a node: a decision per request,
-// and the rule's window, which it reads once from Usage at New. *node.Node
+// and the rule's window, which it reads from Usage at New and at most once a
+// second afterwards. *node.Node
 // implements it. Both methods are called concurrently from the server's
 // goroutines.
 type Limiter interface {
@@ -126,15 +128,38 @@ func notPrintableASCII(r rune) bool { return r < 0x20 || r > 0x7e }
 // limiterMiddleware holds one configured middleware; it is safe for
 // concurrent use.
 type limiterMiddleware struct {
-	n      Limiter
-	cfg    Config
-	policy string // the RateLimit-Policy value except q
-	name   string // the policy name as a structured-field string
+	n    Limiter
+	cfg  Config
+	name string // the policy name as a structured-field string
+
+	// wparam is the RateLimit-Policy's ";w=N" for the rule's window, read
+	// from the limiter at most every windowRefresh (a reload may change
+	// the window); refreshAt is when to read it next, in Unix ns.
+	wparam    atomic.Pointer[string]
+	refreshAt atomic.Int64
+}
+
+// windowRefresh is how often the middleware re-reads the rule's window, so
+// that a reload that changes it shows in the headers within a second.
+const windowRefresh = time.Second
+
+// windowParamNow returns ";w=N" for the rule's current window, re-reading it
+// from the limiter when windowRefresh has passed; one request at a time does
+// the re-read and the others use the value before it.
+func (m *limiterMiddleware) windowParamNow() string {
+	now := time.Now().UnixNano()
+	if at := m.refreshAt.Load(); now >= at && m.refreshAt.CompareAndSwap(at, now+int64(windowRefresh)) {
+		if rep, err := m.n.Usage(m.cfg.Rule, ""); err == nil && rep.WindowMs > 0 {
+			p := windowParam(time.Duration(rep.WindowMs) * time.Millisecond)
+			m.wparam.Store(&p)
+		}
+	}
+	return *m.wparam.Load()
 }
 
 // New returns middleware that decides every request with n under cfg.
-// It reads the rule's window from n once: a node's rules do not change while
-// it runs. The error names the config field, or wraps node.ErrUnknownRule;
+// It reads the rule's window from n at once and again at most every second
+// (a reload may change it). The error names the config field, or wraps node.ErrUnknownRule;
 // a concurrency rule is refused (it holds leases, not per-request credits).
 func New(n Limiter, cfg Config) (func(http.Handler) http.Handler, error) {
 	if n == nil {
@@ -163,7 +188,9 @@ func New(n Limiter, cfg Config) (func(http.Handler) http.Handler, error) {
 		cfg.Error = DefaultError
 	}
 	m := &limiterMiddleware{n: n, cfg: cfg, name: sfString(cfg.Policy)}
-	m.policy = windowParam(time.Duration(rep.WindowMs) * time.Millisecond)
+	p := windowParam(time.Duration(rep.WindowMs) * time.Millisecond)
+	m.wparam.Store(&p)
+	m.refreshAt.Store(time.Now().UnixNano() + int64(windowRefresh))
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			m.serve(w, r, next)
@@ -202,7 +229,7 @@ func (m *limiterMiddleware) serve(w http.ResponseWriter, r *http.Request, next h
 		return
 	}
 	h := w.Header()
-	h.Add("RateLimit-Policy", m.name+";q="+strconv.FormatUint(d.Limit, 10)+m.policy)
+	h.Add("RateLimit-Policy", m.name+";q="+strconv.FormatUint(d.Limit, 10)+m.windowParamNow())
 	h.Add("RateLimit", rateLimitValue(m.name, d))
 	if d.Allowed {
 		next.ServeHTTP(w, r)

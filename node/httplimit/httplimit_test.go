@@ -376,3 +376,31 @@ func TestClosedNodeIs503(t *testing.T) {
 		t.Errorf("closed node: %d, want 503", res.Code)
 	}
 }
+
+// TestReloadedWindowShows: after a reload changes the rule's window, the
+// policy header follows within about a second.
+func TestReloadedWindowShows(t *testing.T) {
+	n := startNode(t, fixed("api", 3, 10*time.Second))
+	cfg := httplimit.DefaultConfig()
+	cfg.Rule = "api"
+	h := wrap(t, n, cfg)
+	if got := do(h, "192.0.2.1:1").Header().Get("RateLimit-Policy"); got != `"api";q=3;w=10` {
+		t.Fatalf("before reload: %s", got)
+	}
+	if err := n.Reload([]limiter.Rule{fixed("api", 7, 20*time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		got := do(h, "192.0.2.1:1").Header().Get("RateLimit-Policy")
+		if got == `"api";q=7;w=20` {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after reload: RateLimit-Policy %s, want \"api\";q=7;w=20", got)
+		}
+		<-tick.C
+	}
+}
