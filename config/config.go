@@ -1,0 +1,380 @@
+// Package config reads ratemesh's YAML configuration file (DESIGN.md,
+// "Config file"): the node and mesh settings and the rules. Unknown keys,
+// impossible values, duplicate rule names and values this version does not
+// implement yet are refused with a message naming the section or the rule
+// and the field, for example
+//
+//	rules[2] "publish": window: must be positive, for example 1s
+//
+// A command drives it like this:
+//
+//	cfg, err := config.Load(path) // or config.Default() without a file
+//	ncfg := cfg.NodeConfig(node.DefaultConfig())
+//	mcfg := cfg.MeshConfig(mesh.DefaultConfig())
+//	…
+//	// on SIGHUP:
+//	data, _ := os.ReadFile(path)
+//	rules, errs := config.Reload(running, data) // invalid rules keep their old version
+//	n.Reload(rules)
+//
+// Nothing here is shared or mutable: every function is safe for concurrent
+// use.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/mesh"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// ErrInvalid is wrapped by every error about the file's content.
+var ErrInvalid = errors.New("config: invalid")
+
+// Error is a problem with one field: Path names it the way the file spells
+// it (node.api, mesh.heartbeat, rules[2] "publish": window). It wraps
+// ErrInvalid, and limiter.ErrNotImplemented for a value this version does
+// not implement yet.
+type Error struct {
+	Path string
+	Msg  string
+	errs []error
+}
+
+func (e *Error) Error() string { return e.Path + ": " + e.Msg }
+
+// Unwrap returns the sentinels the error is an instance of.
+func (e *Error) Unwrap() []error { return e.errs }
+
+func invalid(path, format string, args ...any) *Error {
+	return &Error{Path: path, Msg: fmt.Sprintf(format, args...), errs: []error{ErrInvalid}}
+}
+
+// rulePath names rule i of the file, and field in it when not empty.
+func rulePath(i int, name, field string) string {
+	p := fmt.Sprintf("rules[%d]", i)
+	if name != "" {
+		p += fmt.Sprintf(" %q", name)
+	}
+	if field != "" {
+		p += ": " + field
+	}
+	return p
+}
+
+// Node is the node section: where the daemon listens, keeps its data and
+// finds its peers.
+type Node struct {
+	// Listen are the libp2p multiaddrs to listen on.
+	Listen []string
+	// API is the HTTP API's host:port.
+	API string
+	// DataDir holds the identity key and the persisted state.
+	DataDir string
+	// Bootstrap are full multiaddrs (ending in /p2p/<peer ID>) of peers
+	// to dial.
+	Bootstrap []string
+	// MDNS discovers peers on the local network.
+	MDNS bool
+	// PSKFile is a swarm.key: only holders of the same key can connect.
+	PSKFile string
+	// JoinTimeout bounds how long a joining node waits for its first
+	// anti-entropy exchange before serving with what it has.
+	JoinTimeout time.Duration
+	// FlushInterval is the persistence batch interval.
+	FlushInterval time.Duration
+	// PersistMinWindow: windows at least this long survive restarts.
+	PersistMinWindow time.Duration
+}
+
+// Mesh is the mesh section: gossip timing and membership.
+type Mesh struct {
+	Namespace       string
+	SyncInterval    time.Duration
+	Heartbeat       time.Duration
+	RepairInterval  time.Duration
+	SuspectAfter    time.Duration
+	DeadAfter       time.Duration
+	EvictAfter      time.Duration
+	PartitionPolicy node.Policy
+	MaxSkew         time.Duration
+}
+
+// Config is a whole configuration file, defaults filled in.
+type Config struct {
+	Node  Node
+	Mesh  Mesh
+	Rules []limiter.Rule
+	// Warnings name settings that do not apply and are ignored (lease_ttl
+	// on a windowed rule); log them.
+	Warnings []string
+}
+
+// DefaultRule returns the built-in rule used when the file names none:
+// `default`, 100 per second, sliding window.
+func DefaultRule() limiter.Rule {
+	return limiter.Rule{Name: "default", Algorithm: limiter.SlidingWindow, Limit: 100, Window: time.Second}
+}
+
+// Default returns the configuration of a node started without a file:
+// DESIGN.md's safe defaults (loopback only, data in ./ratemesh-data, mDNS
+// off, the built-in default rule).
+func Default() Config {
+	cc := node.DefaultCoreConfig()
+	r := DefaultRule()
+	_ = r.Normalize()
+	return Config{
+		Node: Node{
+			Listen:           []string{"/ip4/127.0.0.1/tcp/4001"}, // loopback: a mesh across hosts is a deliberate act
+			API:              "127.0.0.1:8080",                    // local applications only
+			DataDir:          "./ratemesh-data",
+			JoinTimeout:      cc.JoinTimeout,
+			FlushInterval:    time.Second, // at most a second of long-window counts lost to a crash
+			PersistMinWindow: time.Minute, // shorter windows are over before a restart completes
+		},
+		Mesh: Mesh{
+			Namespace:       "default",
+			SyncInterval:    cc.SyncInterval,
+			Heartbeat:       cc.Heartbeat,
+			RepairInterval:  cc.RepairInterval,
+			SuspectAfter:    cc.SuspectAfter,
+			DeadAfter:       cc.DeadAfter,
+			EvictAfter:      cc.EvictAfter,
+			PartitionPolicy: cc.Policy,
+			MaxSkew:         cc.MaxSkew,
+		},
+		Rules: []limiter.Rule{r},
+	}
+}
+
+// Load reads and parses the file at path; the error names the path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse parses a configuration file over Default and validates it whole.
+// The first problem found is returned, naming the section or the rule
+// and the field; it wraps ErrInvalid (and limiter.ErrNotImplemented for a
+// value this version does not implement yet).
+func Parse(data []byte) (*Config, error) {
+	doc, err := parse(data)
+	if err != nil {
+		return nil, err
+	}
+	if len(doc.errs) > 0 {
+		return nil, doc.errs[0]
+	}
+	for _, r := range doc.rules {
+		if r.err != nil {
+			return nil, r.err
+		}
+	}
+	cfg := doc.cfg
+	if doc.hasRules {
+		cfg.Rules = make([]limiter.Rule, len(doc.rules))
+		for i, r := range doc.rules {
+			cfg.Rules[i] = r.rule
+			if r.warning != "" {
+				cfg.Warnings = append(cfg.Warnings, r.warning)
+			}
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+// Reload merges the rules of a changed file into the running ones: a
+// valid rule takes its new version, an invalid one keeps its running
+// version (or, if it is new, is left out), a rule no longer in the file is
+// removed. errs holds one error per rule that kept its old version or was
+// left out, and any error outside the rules (the node and mesh sections
+// are not applied by a reload: they need a restart). If the file cannot
+// be read as YAML at all, the running rules are returned unchanged with
+// that error. The running rules' order is irrelevant; the result follows
+// the file's order.
+func Reload(running []limiter.Rule, data []byte) (rules []limiter.Rule, errs []error) {
+	doc, err := parse(data)
+	if err != nil {
+		return append([]limiter.Rule(nil), running...), []error{err}
+	}
+	errs = append(errs, doc.errs...)
+	switch {
+	case !doc.hasRules:
+		doc.rules = []parsedRule{{name: "default", rule: doc.cfg.Rules[0]}}
+	case len(doc.rules) == 0:
+		// An empty or malformed list (its error is in errs): keep every
+		// running rule rather than remove them all.
+		return append([]limiter.Rule(nil), running...), errs
+	}
+	old := make(map[string]limiter.Rule, len(running))
+	for _, r := range running {
+		old[r.Name] = r
+	}
+	count := make(map[string]int, len(doc.rules))
+	for _, r := range doc.rules {
+		if r.name != "" {
+			count[r.name]++
+		}
+	}
+	done := make(map[string]bool, len(doc.rules))
+	for _, r := range doc.rules {
+		err := r.err
+		if err == nil && count[r.name] > 1 {
+			err = invalid(rulePath(r.index, r.name, "name"), "defined %d times", count[r.name])
+		}
+		if err == nil {
+			rules = append(rules, r.rule)
+			done[r.name] = true
+			continue
+		}
+		if o, ok := old[r.name]; ok && r.name != "" && !done[r.name] {
+			rules = append(rules, o)
+			done[r.name] = true
+			err = fmt.Errorf("%w (keeping the running version)", err)
+		}
+		errs = append(errs, err)
+	}
+	return rules, errs
+}
+
+// NodeConfig returns base with the file's node and mesh settings applied
+// to its CoreConfig (rules, intervals, policy, join timeout, max skew).
+// Peer, Transport and Store are left for the caller; Join is set when
+// bootstrap peers are configured.
+func (c *Config) NodeConfig(base node.Config) node.Config {
+	cc := &base.CoreConfig
+	cc.Rules = append([]limiter.Rule(nil), c.Rules...)
+	cc.SyncInterval = c.Mesh.SyncInterval
+	cc.Heartbeat = c.Mesh.Heartbeat
+	cc.RepairInterval = c.Mesh.RepairInterval
+	cc.SuspectAfter = c.Mesh.SuspectAfter
+	cc.DeadAfter = c.Mesh.DeadAfter
+	cc.EvictAfter = c.Mesh.EvictAfter
+	cc.Policy = c.Mesh.PartitionPolicy
+	cc.MaxSkew = c.Mesh.MaxSkew
+	cc.JoinTimeout = c.Node.JoinTimeout
+	cc.Join = len(c.Node.Bootstrap) > 0
+	return base
+}
+
+// MeshConfig returns base with the file's namespace, listen and bootstrap
+// addresses and mDNS switch applied. PrivKey, PSK (read PSKFile with
+// mesh.LoadPSK) and Plausible are left for the caller.
+func (c *Config) MeshConfig(base mesh.Config) mesh.Config {
+	base.Namespace = c.Mesh.Namespace
+	base.Listen = append([]string(nil), c.Node.Listen...)
+	base.Bootstrap = append([]string(nil), c.Node.Bootstrap...)
+	base.MDNS = c.Node.MDNS
+	return base
+}
+
+// Validate checks the node and mesh sections and the rule set as a whole
+// (after flags have overridden the file, say). The error names the field.
+func (c *Config) Validate() error {
+	if errs := c.validateSections(); len(errs) > 0 {
+		return errs[0]
+	}
+	if len(c.Rules) == 0 {
+		return invalid("rules", "at least one rule is needed")
+	}
+	seen := make(map[string]bool, len(c.Rules))
+	for i := range c.Rules {
+		r := c.Rules[i]
+		if err := r.Normalize(); err != nil {
+			return ruleErr(i, r.Name, err)
+		}
+		if seen[r.Name] {
+			return invalid(rulePath(i, r.Name, "name"), "defined twice")
+		}
+		seen[r.Name] = true
+	}
+	return nil
+}
+
+func (c *Config) validateSections() []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, invalid(field, format, args...))
+	}
+	n, m := &c.Node, &c.Mesh
+	if n.API == "" {
+		bad("node.api", "must not be empty (host:port)")
+	}
+	if n.DataDir == "" {
+		bad("node.data_dir", "must not be empty")
+	}
+	for i, a := range n.Listen {
+		if a == "" {
+			bad(fmt.Sprintf("node.listen[%d]", i), "must not be empty")
+		}
+	}
+	for i, a := range n.Bootstrap {
+		if a == "" {
+			bad(fmt.Sprintf("node.bootstrap[%d]", i), "must not be empty")
+		}
+	}
+	positive := []struct {
+		name string
+		d    time.Duration
+	}{
+		{"node.join_timeout", n.JoinTimeout}, {"node.flush_interval", n.FlushInterval},
+		{"node.persist_min_window", n.PersistMinWindow},
+		{"mesh.sync_interval", m.SyncInterval}, {"mesh.heartbeat", m.Heartbeat},
+		{"mesh.repair_interval", m.RepairInterval}, {"mesh.suspect_after", m.SuspectAfter},
+		{"mesh.dead_after", m.DeadAfter}, {"mesh.evict_after", m.EvictAfter},
+		{"mesh.max_skew", m.MaxSkew},
+	}
+	for _, p := range positive {
+		if p.d <= 0 {
+			bad(p.name, "must be positive, got %v", p.d)
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	switch {
+	case m.Namespace == "":
+		bad("mesh.namespace", "must not be empty")
+	case m.Heartbeat < m.SyncInterval:
+		bad("mesh.heartbeat", "%v is shorter than sync_interval %v", m.Heartbeat, m.SyncInterval)
+	case m.SuspectAfter <= m.Heartbeat:
+		bad("mesh.suspect_after", "%v must be longer than heartbeat %v", m.SuspectAfter, m.Heartbeat)
+	case m.DeadAfter < m.SuspectAfter:
+		bad("mesh.dead_after", "%v is shorter than suspect_after %v", m.DeadAfter, m.SuspectAfter)
+	case m.EvictAfter < m.SuspectAfter:
+		bad("mesh.evict_after", "%v is shorter than suspect_after %v", m.EvictAfter, m.SuspectAfter)
+	}
+	switch m.PartitionPolicy {
+	case node.Strict, node.Available:
+	default:
+		bad("mesh.partition_policy", "%q is not one of strict, available", m.PartitionPolicy)
+	}
+	return errs
+}
+
+// ruleErr names rule i of the file in err.
+func ruleErr(i int, name string, err error) error {
+	var re *limiter.RuleError
+	if errors.As(err, &re) {
+		e := invalid(rulePath(i, name, re.Field), "%s", re.Msg)
+		if re.Err != limiter.ErrInvalidRule {
+			e.errs = append(e.errs, re.Err)
+		}
+		return e
+	}
+	return invalid(rulePath(i, name, ""), "%v", err)
+}

@@ -1,0 +1,204 @@
+package config_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratemesh/ratemesh/config"
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// designExample is DESIGN.md's config file, verbatim.
+const designExample = `
+node:
+  listen: ["/ip4/127.0.0.1/tcp/4001"]
+  api: "127.0.0.1:8080"
+  data_dir: "./ratemesh-data"
+  bootstrap: []
+  mdns: false
+  psk_file: ""               # swarm.key: only holders of this key can connect
+  join_timeout: 3s
+  flush_interval: 1s         # persistence batch
+  persist_min_window: 1m     # windows at least this long survive restarts
+mesh:
+  namespace: "default"
+  sync_interval: 20ms
+  heartbeat: 500ms           # idle nodes still send this often
+  repair_interval: 5s
+  suspect_after: 2s          # silence that makes a member suspect
+  dead_after: 5s
+  evict_after: 30s           # strict: a member silent this long stops holding capacity
+  partition_policy: strict   # or available
+  max_skew: 500ms
+rules:
+  - name: publish
+    algorithm: sliding_window   # fixed_window | sliding_window | concurrency
+    limit: 1000
+    window: 1s
+    mode: reject                # or suppress
+    share: equal                # or demand
+    demand_floor: 0.05
+    pace: false
+    classes: {payer: 5, node: unlimited}
+    costs: {query: {per: 10}, publish: {each: 100}, subscribe: {each: 10}}
+    overrides: [{key: "acct:42", limit: 5000}]
+    max_keys: 1000000
+    shadow: false
+    lease_ttl: 60s              # concurrency only
+`
+
+func TestDesignExample(t *testing.T) {
+	cfg, err := config.Parse([]byte(designExample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Rules) != 1 {
+		t.Fatalf("%d rules", len(cfg.Rules))
+	}
+	r := cfg.Rules[0]
+	switch {
+	case r.Name != "publish" || r.Algorithm != limiter.SlidingWindow || r.Limit != 1000 || r.Window != time.Second:
+		t.Fatalf("rule %+v", r)
+	case r.Classes["payer"].Multiplier != 5 || !r.Classes["node"].Unlimited:
+		t.Fatalf("classes %+v", r.Classes)
+	case r.Costs["query"].Per != 10 || r.Costs["publish"].Each != 100 || r.Costs["subscribe"].Each != 10:
+		t.Fatalf("costs %+v", r.Costs)
+	case r.Overrides["acct:42"] != 5000 || r.MaxKeys != 1_000_000 || r.DemandFloor != 0.05:
+		t.Fatalf("overrides %+v max_keys %d", r.Overrides, r.MaxKeys)
+	case r.LeaseTTL != 0 || len(cfg.Warnings) != 1 || !strings.Contains(cfg.Warnings[0], "lease_ttl"):
+		t.Fatalf("lease_ttl on a windowed rule: %v, warnings %q", r.LeaseTTL, cfg.Warnings)
+	}
+	if cfg.Mesh.SyncInterval != 20*time.Millisecond || cfg.Mesh.PartitionPolicy != node.Strict || cfg.Node.PersistMinWindow != time.Minute {
+		t.Fatalf("sections %+v %+v", cfg.Node, cfg.Mesh)
+	}
+	nc := cfg.NodeConfig(node.DefaultConfig())
+	if nc.SyncInterval != 20*time.Millisecond || nc.Join || len(nc.Rules) != 1 {
+		t.Fatalf("node config %+v", nc.CoreConfig)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	for _, src := range []string{"", "# nothing\n", "node: {}\n"} {
+		cfg, err := config.Parse([]byte(src))
+		if err != nil {
+			t.Fatalf("%q: %v", src, err)
+		}
+		def := config.Default()
+		if cfg.Node.API != "127.0.0.1:8080" || cfg.Node.DataDir != "./ratemesh-data" || cfg.Node.Listen[0] != "/ip4/127.0.0.1/tcp/4001" || cfg.Node.MDNS {
+			t.Fatalf("%q: node %+v", src, cfg.Node)
+		}
+		if len(cfg.Rules) != 1 || cfg.Rules[0].Name != "default" || cfg.Rules[0].Limit != 100 || cfg.Rules[0].Algorithm != limiter.SlidingWindow || cfg.Rules[0].Window != time.Second {
+			t.Fatalf("%q: rules %+v", src, cfg.Rules)
+		}
+		if cfg.Mesh != def.Mesh {
+			t.Fatalf("%q: mesh %+v", src, cfg.Mesh)
+		}
+	}
+}
+
+func TestBadFiles(t *testing.T) {
+	rule := func(extra string) string {
+		return "rules:\n  - name: a\n    algorithm: fixed_window\n    limit: 10\n    window: 1s\n  - name: publish\n    algorithm: sliding_window\n    limit: 10\n    window: 1s\n" + extra
+	}
+	tests := []struct {
+		name, src, want string
+		notImpl         bool
+	}{
+		{"unknown top", "nodes: {}\n", "nodes: line 1: unknown field", false},
+		{"unknown node field", "node:\n  apii: x\n", "node.apii: line 2: unknown field", false},
+		{"unknown rule field", rule("    limt: 5\n"), `rules[1] "publish": limt: line 10: unknown field`, false},
+		{"window zero", rule("    window: 0s\n"), `rules[1] "publish": window: line 10: defined twice`, false},
+		{"window missing", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5}\n", `rules[0] "x": window: must be positive`, false},
+		{"window not a duration", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 20}\n", `rules[0] "x": window: line 2: must be a duration`, false},
+		{"negative limit", "rules:\n  - {name: x, algorithm: fixed_window, limit: -5, window: 1s}\n", `rules[0] "x": limit: line 2: must not be negative`, false},
+		{"fractional limit", "rules:\n  - {name: x, algorithm: fixed_window, limit: 1.5, window: 1s}\n", `rules[0] "x": limit: line 2: must be a whole number`, false},
+		{"string limit", "rules:\n  - {name: x, algorithm: fixed_window, limit: lots, window: 1s}\n", `rules[0] "x": limit: line 2: must be a whole number`, false},
+		{"zero limit", "rules:\n  - {name: x, algorithm: fixed_window, limit: 0, window: 1s}\n", `rules[0] "x": limit: must be at least 1`, false},
+		{"bad algorithm", "rules:\n  - {name: x, algorithm: leaky, limit: 5, window: 1s}\n", `rules[0] "x": algorithm: "leaky" is not one of`, false},
+		{"duplicate names", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s}\n  - {name: x, algorithm: fixed_window, limit: 6, window: 1s}\n", `rules[1] "x": name: defined twice`, false},
+		{"suppress", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, mode: suppress}\n", `rules[0] "x": mode: "suppress" is not implemented in this version`, true},
+		{"demand", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, share: demand}\n", `rules[0] "x": share: "demand" is not implemented in this version`, true},
+		{"pace", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, pace: true}\n", `rules[0] "x": pace: "true" is not implemented in this version`, true},
+		{"bad class", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, classes: {a: -1}}\n", `rules[0] "x": classes.a: multiplier -1 must be positive`, false},
+		{"class word", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, classes: {a: lots}}\n", `rules[0] "x": classes.a: must be a positive multiplier or unlimited`, false},
+		{"bad cost", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, costs: {q: {each: 1, per: 2}}}\n", `rules[0] "x": costs.q: set exactly one of each and per`, false},
+		{"unknown cost field", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, costs: {q: {every: 1}}}\n", `rules[0] "x": costs.q.every: line 2: unknown field`, false},
+		{"override twice", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, overrides: [{key: a, limit: 1}, {key: a, limit: 2}]}\n", `rules[0] "x": overrides[1].key: "a" is overridden twice`, false},
+		{"override no limit", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, overrides: [{key: a}]}\n", `rules[0] "x": overrides[0].limit: must be set`, false},
+		{"max_keys zero", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, max_keys: 0}\n", `rules[0] "x": max_keys: must be at least 1`, false},
+		{"lease_ttl negative", "rules:\n  - {name: x, algorithm: concurrency, limit: 5, lease_ttl: -1s}\n", `rules[0] "x": lease_ttl: line 2: must not be negative`, false},
+		{"no name", "rules:\n  - {algorithm: fixed_window, limit: 5, window: 1s}\n", `rules[0]: name: must not be empty`, false},
+		{"empty rules", "rules: []\n", "rules: the list is empty", false},
+		{"policy", "mesh: {partition_policy: loose}\n", `mesh.partition_policy: "loose" is not one of strict, available`, false},
+		{"heartbeat", "mesh: {heartbeat: 10ms}\n", "mesh.heartbeat: 10ms is shorter than sync_interval 20ms", false},
+		{"negative duration", "node: {join_timeout: -3s}\n", "node.join_timeout: line 1: must not be negative", false},
+		{"zero duration", "mesh: {dead_after: 0s}\n", "mesh.dead_after: must be positive", false},
+		{"bool", "node: {mdns: yes please}\n", `node.mdns: line 1: must be true or false, got "yes please"`, false},
+		{"list", "node: {listen: /ip4/1.2.3.4/tcp/1}\n", "node.listen: line 1: must be a list of strings", false},
+		{"yaml", "node: [\n", "yaml: line", false},
+		{"not a mapping", "- a\n- b\n", "yaml: line 1: the file must be a mapping", false},
+		{"duplicate key", "node: {api: a, api: b}\n", "node.api: line 1: defined twice", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(tc.src))
+			if err == nil {
+				t.Fatalf("accepted:\n%s", tc.src)
+			}
+			if !strings.HasPrefix(err.Error(), tc.want) {
+				t.Fatalf("error %q\nwant prefix %q", err, tc.want)
+			}
+			if !errors.Is(err, config.ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			if got := errors.Is(err, limiter.ErrNotImplemented); got != tc.notImpl {
+				t.Fatalf("errors.Is(ErrNotImplemented) = %v, want %v", got, tc.notImpl)
+			}
+		})
+	}
+}
+
+func TestReloadKeepsInvalidRulesOldVersion(t *testing.T) {
+	running, err := config.Parse([]byte(`rules:
+  - {name: a, algorithm: fixed_window, limit: 10, window: 1s}
+  - {name: b, algorithm: fixed_window, limit: 10, window: 1s}
+  - {name: gone, algorithm: fixed_window, limit: 10, window: 1s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, errs := config.Reload(running.Rules, []byte(`rules:
+  - {name: a, algorithm: fixed_window, limit: 20, window: 1s}
+  - {name: b, algorithm: fixed_window, limit: 20, window: 0s}
+  - {name: c, algorithm: fixed_window, limit: 5, window: 1s, mode: suppress}
+  - {name: d, algorithm: fixed_window, limit: 7, window: 1s}
+`))
+	got := map[string]uint64{}
+	for _, r := range rules {
+		got[r.Name] = r.Limit
+	}
+	want := map[string]uint64{"a": 20, "b": 10, "d": 7}
+	if len(got) != len(want) || got["a"] != 20 || got["b"] != 10 || got["d"] != 7 {
+		t.Fatalf("merged %v, want %v", got, want)
+	}
+	if len(errs) != 2 || !strings.Contains(errs[0].Error(), `rules[1] "b": window`) || !strings.Contains(errs[0].Error(), "keeping the running version") ||
+		!errors.Is(errs[1], limiter.ErrNotImplemented) {
+		t.Fatalf("errors %v", errs)
+	}
+	// Not YAML at all: everything stays.
+	rules, errs = config.Reload(running.Rules, []byte("rules: [\n"))
+	if len(rules) != 3 || len(errs) != 1 {
+		t.Fatalf("broken file: %d rules, errs %v", len(rules), errs)
+	}
+	// A duplicate keeps the old version of the name.
+	rules, errs = config.Reload(running.Rules, []byte(`rules:
+  - {name: a, algorithm: fixed_window, limit: 30, window: 1s}
+  - {name: a, algorithm: fixed_window, limit: 40, window: 1s}
+`))
+	if len(rules) != 1 || rules[0].Limit != 10 || len(errs) != 2 {
+		t.Fatalf("duplicate: %+v, errs %v", rules, errs)
+	}
+}
