@@ -69,6 +69,9 @@ type Stats struct {
 	// admissions by shadow mode.
 	Decisions [8]uint64
 	Shadowed  uint64
+	// Persistence (see Persister): flushes written, entries (window
+	// records and leases) they carried, and flushes that failed.
+	PersistFlushes, PersistEntries, PersistErrors uint64
 }
 
 type sentWin struct {
@@ -193,7 +196,9 @@ func (c *Core) intern(s crdt.Slot, m *member) crdt.SlotID {
 	for int(id) >= len(c.meta) {
 		c.meta = append(c.meta, slotMeta{})
 	}
-	if c.meta[id].inc == 0 {
+	if c.meta[id].inc == 0 || (c.meta[id].m == nil && m != nil && s.Peer != c.self.Peer) {
+		// A slot first seen without its member (restored from disk, or in
+		// a full state) belongs to the member once it appears.
 		c.meta[id] = slotMeta{m: m, inc: s.Incarnation}
 	}
 	return id

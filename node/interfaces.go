@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sort"
@@ -62,26 +63,62 @@ type WindowRecord struct {
 	Attempted uint64
 }
 
-// Store persists what must survive a restart: the incarnation, and the
-// merged state of long windows. The real one is pebble (package
-// persistence); MemoryStore serves tests.
+// CollectAt returns the mesh time in milliseconds from which the record's
+// window is collected: its window and the next one have ended.
+func (r WindowRecord) CollectAt() int64 { return (r.Window + 2) * r.WindowMs }
+
+// Flush is what one flush persists, written as one batch and synced.
+type Flush struct {
+	// Windows are the window records that changed since the last flush.
+	// Each replaces the saved record of the same (rule, key, window_ms,
+	// window, slot) by per-field max, so a counter on disk never goes
+	// backwards.
+	Windows []WindowRecord
+	// Leases are the leases this member owns that were acquired or
+	// renewed since the last flush; each replaces the saved lease of the
+	// same ID.
+	Leases []Lease
+	// Released are the IDs of saved leases released or expired since.
+	Released []string
+	// CollectBeforeMs is mesh time: every saved record with CollectAt at
+	// or before it is dropped (garbage collection on disk).
+	CollectBeforeMs int64
+}
+
+// Empty reports whether f writes and drops nothing but may still collect.
+func (f *Flush) Empty() bool {
+	return len(f.Windows) == 0 && len(f.Leases) == 0 && len(f.Released) == 0
+}
+
+// Store persists what must survive a restart: the member's identity (its
+// libp2p private key, marshalled), its incarnation, the merged state of
+// its long windows and the leases it owns. The real one is pebble
+// (package persistence); MemoryStore serves tests.
 //
-// A Store is used from one goroutine at a time.
+// The node runtime calls a Store from one goroutine at a time; the
+// implementations in this module are nonetheless safe for concurrent use.
+// Errors wrap the cause and, for a disk, name the path.
 type Store interface {
+	// LoadIdentity returns the identity saved, or nil and no error if
+	// none has been.
+	LoadIdentity(ctx context.Context) ([]byte, error)
+	// SaveIdentity persists key durably before it returns.
+	SaveIdentity(ctx context.Context, key []byte) error
 	// LoadIncarnation returns the last incarnation saved, 0 if none.
 	LoadIncarnation(ctx context.Context) (uint64, error)
 	// SaveIncarnation persists inc durably before it returns: the member
-	// serves under inc only afterwards.
+	// serves under inc only afterwards. A smaller inc than the one saved
+	// never replaces it.
 	SaveIncarnation(ctx context.Context, inc uint64) error
 	// LoadWindows returns every window record saved and not yet
-	// collected.
+	// collected, sorted by (rule, key, window_ms, window, slot).
 	LoadWindows(ctx context.Context) ([]WindowRecord, error)
-	// SaveWindows writes recs in one batch, replacing earlier values of
-	// the same (rule, key, window_ms, window, slot) by per-field max,
-	// drops every record collected at collectBeforeMs (mesh time: its
-	// window and the next one have ended), and syncs.
-	SaveWindows(ctx context.Context, recs []WindowRecord, collectBeforeMs int64) error
-	// Close releases the store.
+	// LoadLeases returns every lease saved, sorted by ID; expired ones
+	// included (the caller knows the time).
+	LoadLeases(ctx context.Context) ([]Lease, error)
+	// Flush writes f in one batch and syncs it before it returns.
+	Flush(ctx context.Context, f Flush) error
+	// Close releases the store; later calls fail.
 	Close() error
 }
 
@@ -94,16 +131,40 @@ type recKey struct {
 	slot             crdt.Slot
 }
 
-// MemoryStore is a Store in memory: it survives a Core, not a process. The
+// MemoryStore is a Store in memory: it survives a Node, not a process. The
 // zero value is ready to use and safe for concurrent use.
 type MemoryStore struct {
-	mu     sync.Mutex
-	inc    uint64
-	recs   map[recKey]WindowRecord
-	closed bool
+	mu       sync.Mutex
+	identity []byte
+	inc      uint64
+	recs     map[recKey]WindowRecord
+	leases   map[string]Lease
+	flushes  int
+	closed   bool
 }
 
 var _ Store = (*MemoryStore)(nil)
+
+// LoadIdentity implements Store.
+func (s *MemoryStore) LoadIdentity(context.Context) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrStoreClosed
+	}
+	return bytes.Clone(s.identity), nil
+}
+
+// SaveIdentity implements Store.
+func (s *MemoryStore) SaveIdentity(_ context.Context, key []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrStoreClosed
+	}
+	s.identity = bytes.Clone(key)
+	return nil
+}
 
 // LoadIncarnation implements Store.
 func (s *MemoryStore) LoadIncarnation(context.Context) (uint64, error) {
@@ -137,8 +198,77 @@ func (s *MemoryStore) LoadWindows(context.Context) ([]WindowRecord, error) {
 	for _, r := range s.recs {
 		out = append(out, r)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i], out[j]
+	SortWindowRecords(out)
+	return out, nil
+}
+
+// LoadLeases implements Store; leases come sorted by ID.
+func (s *MemoryStore) LoadLeases(context.Context) ([]Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrStoreClosed
+	}
+	out := make([]Lease, 0, len(s.leases))
+	for _, l := range s.leases {
+		out = append(out, l)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Flush implements Store. Values merge by max, like the counters.
+func (s *MemoryStore) Flush(_ context.Context, f Flush) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrStoreClosed
+	}
+	if s.recs == nil {
+		s.recs = make(map[recKey]WindowRecord)
+		s.leases = make(map[string]Lease)
+	}
+	for _, r := range f.Windows {
+		k := recKey{r.Rule, r.Key, r.WindowMs, r.Window, r.Slot}
+		old := s.recs[k]
+		r.Admitted, r.Attempted = max(r.Admitted, old.Admitted), max(r.Attempted, old.Attempted)
+		s.recs[k] = r
+	}
+	for k, r := range s.recs {
+		if r.CollectAt() <= f.CollectBeforeMs {
+			delete(s.recs, k)
+		}
+	}
+	for _, id := range f.Released {
+		delete(s.leases, id)
+	}
+	for _, l := range f.Leases {
+		s.leases[l.ID] = l
+	}
+	s.flushes++
+	return nil
+}
+
+// Flushes returns how many flushes the store has taken.
+func (s *MemoryStore) Flushes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.flushes
+}
+
+// Close implements Store.
+func (s *MemoryStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	return nil
+}
+
+// SortWindowRecords sorts recs by (rule, key, window_ms, window, slot): the
+// order Store.LoadWindows returns.
+func SortWindowRecords(recs []WindowRecord) {
+	sort.Slice(recs, func(i, j int) bool {
+		a, b := recs[i], recs[j]
 		switch {
 		case a.Rule != b.Rule:
 			return a.Rule < b.Rule
@@ -153,37 +283,4 @@ func (s *MemoryStore) LoadWindows(context.Context) ([]WindowRecord, error) {
 		}
 		return a.Slot.Incarnation < b.Slot.Incarnation
 	})
-	return out, nil
-}
-
-// SaveWindows implements Store. Values merge by max, like the counters.
-func (s *MemoryStore) SaveWindows(_ context.Context, recs []WindowRecord, collectBeforeMs int64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return ErrStoreClosed
-	}
-	if s.recs == nil {
-		s.recs = make(map[recKey]WindowRecord)
-	}
-	for _, r := range recs {
-		k := recKey{r.Rule, r.Key, r.WindowMs, r.Window, r.Slot}
-		old := s.recs[k]
-		r.Admitted, r.Attempted = max(r.Admitted, old.Admitted), max(r.Attempted, old.Attempted)
-		s.recs[k] = r
-	}
-	for k, r := range s.recs {
-		if (r.Window+2)*r.WindowMs <= collectBeforeMs {
-			delete(s.recs, k)
-		}
-	}
-	return nil
-}
-
-// Close implements Store.
-func (s *MemoryStore) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	return nil
 }

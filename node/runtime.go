@@ -29,9 +29,17 @@ type Config struct {
 	// network, package memnet in one process. Required. The node owns it
 	// once started: Close closes it.
 	Transport Transport
-	// Store persists the incarnation. Nil means a fresh MemoryStore. The
+	// Store persists the incarnation, the long windows and the leases
+	// (package persistence on disk). Nil means a fresh MemoryStore. The
 	// node owns it once started: Close closes it.
 	Store Store
+	// FlushInterval is how often the merged state of long windows and the
+	// owned leases are written to Store, in one synced batch; Close
+	// writes a last one. 0 means 1 s.
+	FlushInterval time.Duration
+	// PersistMinWindow is the shortest window persisted: windows of rules
+	// at least this long survive restarts. 0 means 1 minute.
+	PersistMinWindow time.Duration
 	// Logger receives membership changes, joins, skew and transport
 	// errors. Nil discards them.
 	Logger *slog.Logger
@@ -49,11 +57,13 @@ type Config struct {
 // DefaultCoreConfig) for a node with an in-memory store.
 func DefaultConfig() Config {
 	return Config{
-		CoreConfig:   DefaultCoreConfig(),
-		Store:        &MemoryStore{}, // until the persistence issue: the incarnation rule holds without a disk
-		Logger:       slog.New(slog.DiscardHandler),
-		Clock:        time.Now,
-		LeaveTimeout: 2 * time.Second, // a leave that cannot go out in 2 s is not worth waiting for: peers notice the silence
+		CoreConfig:       DefaultCoreConfig(),
+		Store:            &MemoryStore{}, // until the persistence issue: the incarnation rule holds without a disk
+		Logger:           slog.New(slog.DiscardHandler),
+		Clock:            time.Now,
+		LeaveTimeout:     2 * time.Second,         // a leave that cannot go out in 2 s is not worth waiting for: peers notice the silence
+		FlushInterval:    defaultFlushInterval,    // a SIGKILL loses at most 1 s of own usage; one synced batch a second is cheap
+		PersistMinWindow: defaultPersistMinWindow, // shorter windows end before a restart matters
 	}
 }
 
@@ -70,6 +80,10 @@ func (c *Config) validate() error {
 		return bad("rand", "is set by Start from seed; leave it nil")
 	case c.LeaveTimeout <= 0:
 		return bad("leave_timeout", fmt.Sprintf("must be positive, got %v", c.LeaveTimeout))
+	case c.FlushInterval < 0:
+		return bad("flush_interval", fmt.Sprintf("must not be negative, got %v", c.FlushInterval))
+	case c.PersistMinWindow < 0:
+		return bad("persist_min_window", fmt.Sprintf("must not be negative, got %v", c.PersistMinWindow))
 	}
 	return nil
 }
@@ -84,6 +98,7 @@ func (c *Config) fillDefaults() error {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
+	c.fillPersistDefaults()
 	if c.Seed == 0 {
 		var b [8]byte
 		if _, err := crand.Read(b[:]); err != nil {
@@ -143,6 +158,8 @@ type Node struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	persist *persistence // the Store's side: see runtime_persist.go
 }
 
 // Start starts a member: it takes the incarnation max(persisted + 1, unix
@@ -175,6 +192,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Store.SaveIncarnation(ctx, cc.Incarnation); err != nil {
 		return nil, fmt.Errorf("node: save incarnation: %w", err)
 	}
+	pers, err := restore(ctx, &cfg, core)
+	if err != nil {
+		return nil, err
+	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	n := &Node{
 		cfg:      cfg,
@@ -188,6 +209,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		ctx:      loopCtx,
 		cancel:   cancel,
 		readyCh:  make(chan struct{}),
+		persist:  pers,
 	}
 	if err := cfg.Transport.Start(ctx, handler{n}); err != nil {
 		cancel()
@@ -202,6 +224,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.lastTick = n.readClock()
 	n.mu.Unlock()
 	go n.run()
+	go n.persistLoop()
 	select {
 	case <-n.readyCh:
 		return n, nil
@@ -367,7 +390,7 @@ func (n *Node) tick() time.Duration {
 	}
 	if rd.NewIncarnation != 0 {
 		n.log.Warn("evicted by the mesh; took a new incarnation", "incarnation", rd.NewIncarnation)
-		if err := n.cfg.Store.SaveIncarnation(n.ctx, rd.NewIncarnation); err != nil {
+		if err := n.saveIncarnation(rd.NewIncarnation); err != nil {
 			n.log.Error("save incarnation", "incarnation", rd.NewIncarnation, "err", err)
 		}
 	}
@@ -402,6 +425,7 @@ func (n *Node) Close() error {
 func (n *Node) shutdown(closeStore bool) error {
 	close(n.quit)
 	<-n.loopDone
+	<-n.persist.done
 	n.mu.Lock()
 	bs := n.core.Leave(n.readClock())
 	n.closed = true
@@ -419,6 +443,9 @@ func (n *Node) shutdown(closeStore bool) error {
 	cancel()
 	if err := n.cfg.Transport.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("node: close transport: %w", err))
+	}
+	if err := n.flush(context.Background()); err != nil {
+		errs = append(errs, err)
 	}
 	if closeStore {
 		if err := n.cfg.Store.Close(); err != nil {
