@@ -1,0 +1,152 @@
+package httpapi
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/mesh"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// metrics are the server's Prometheus metrics: the ones the handlers
+// observe, and a collector that reads the node and the mesh at scrape
+// time.
+type metrics struct {
+	decisions *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	reloads   *prometheus.CounterVec
+}
+
+func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratemesh_decisions_total",
+			Help: "Decisions served over the API, by rule and result (admitted, unlimited, shadowed, limit, share, cost, key_cap, joining).",
+		}, []string{"rule", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ratemesh_decision_duration_seconds",
+			Help:    "Time the node took to decide one API request (allow or acquire), excluding HTTP and JSON.",
+			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2},
+		}, []string{"endpoint"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratemesh_config_reloads_total",
+			Help: "Configuration reloads by result: ok, partial (some rules kept their old version) or failed.",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{"ok", "partial", "failed"} {
+		m.reloads.WithLabelValues(r)
+	}
+	reg.MustRegister(m.decisions, m.latency, m.reloads, &stateCollector{cfg: cfg},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// decided counts one decision of rule.
+func (m *metrics) decided(rule string, d node.Decision) {
+	result := d.Reason.String()
+	if d.Shadow {
+		result = "shadowed"
+	}
+	m.decisions.WithLabelValues(rule, result).Inc()
+}
+
+var (
+	descMembers  = prometheus.NewDesc("ratemesh_members", "Members this node knows, itself included, by state (alive, suspect, dead, left).", []string{"state"}, nil)
+	descMismatch = prometheus.NewDesc("ratemesh_members_rules_mismatch", "Live members advertising a rules hash different from this node's.", nil, nil)
+	descReady    = prometheus.NewDesc("ratemesh_ready", "1 once the node has joined and serves decisions, 0 while joining.", nil, nil)
+	descKeys     = prometheus.NewDesc("ratemesh_keys", "Keys held, by rule.", []string{"rule"}, nil)
+	descWindows  = prometheus.NewDesc("ratemesh_windows", "Window counters held, by rule.", []string{"rule"}, nil)
+	descEvicted  = prometheus.NewDesc("ratemesh_keys_evicted_total", "Idle keys dropped (no usage in the current or previous window).", nil, nil)
+	descKeyCap   = prometheus.NewDesc("ratemesh_keys_denied_total", "Requests for a new key denied at max_keys with every key active (fail closed).", nil, nil)
+	descOffset   = prometheus.NewDesc("ratemesh_clock_offset_seconds", "This node's estimated clock offset to the mesh.", nil, nil)
+	descEntries  = prometheus.NewDesc("ratemesh_entries_dropped_total", "Received counter entries dropped by the node, by reason.", []string{"reason"}, nil)
+	descBytes    = prometheus.NewDesc("ratemesh_mesh_bytes_total", "Encoded batch bytes, by direction (sent, received) and channel (gossip, sync).", []string{"direction", "channel"}, nil)
+	descMsgs     = prometheus.NewDesc("ratemesh_mesh_messages_total", "Batches, by direction (sent, received) and channel (gossip, sync).", []string{"direction", "channel"}, nil)
+	descWire     = prometheus.NewDesc("ratemesh_mesh_wire_bytes_total", "Bytes carried by libp2p streams, by direction (in, out).", []string{"direction"}, nil)
+	descRejected = prometheus.NewDesc("ratemesh_mesh_rejected_total", "Received batches refused by the validator, by channel and reason.", []string{"channel", "reason"}, nil)
+	descDropped  = prometheus.NewDesc("ratemesh_mesh_dropped_total", "Messages dropped inside gossipsub at a full queue, by queue.", []string{"queue"}, nil)
+	descPersist  = prometheus.NewDesc("ratemesh_persistence_errors_total", "Errors from the persistent store.", nil, nil)
+)
+
+// stateCollector reads the node and the mesh at scrape time.
+type stateCollector struct{ cfg Config }
+
+// Describe implements prometheus.Collector.
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descMembers, descMismatch, descReady, descKeys, descWindows, descEvicted, descKeyCap, descOffset, descEntries} {
+		ch <- d
+	}
+	if c.cfg.Transport != nil {
+		for _, d := range []*prometheus.Desc{descBytes, descMsgs, descWire, descRejected, descDropped} {
+			ch <- d
+		}
+	}
+	if c.cfg.PersistErrors != nil {
+		ch <- descPersist
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.cfg.Node
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	states := map[string]int{"alive": 0, "suspect": 0, "dead": 0, "left": 0}
+	mismatch := 0
+	for _, p := range n.Peers() {
+		states[p.State.String()]++
+		if !p.RulesMatch && (p.State == node.Alive || p.State == node.Suspect) {
+			mismatch++
+		}
+	}
+	for s, v := range states {
+		gauge(descMembers, float64(v), s)
+	}
+	gauge(descMismatch, float64(mismatch))
+	ready := 0.0
+	if n.Ready() {
+		ready = 1
+	}
+	gauge(descReady, ready)
+	for _, h := range n.Held() {
+		gauge(descKeys, float64(h.Keys), h.Rule)
+		gauge(descWindows, float64(h.Windows), h.Rule)
+	}
+	st := n.Stats()
+	counter(descEvicted, st.KeysCollected)
+	counter(descKeyCap, st.Decisions[limiter.ReasonKeyCap])
+	gauge(descOffset, n.Offset().Seconds())
+	counter(descEntries, st.DroppedExpired, "expired")
+	counter(descEntries, st.DroppedFuture, "future")
+	counter(descEntries, st.DroppedUnknownRule, "unknown_rule")
+	counter(descEntries, st.DroppedStale, "stale")
+	if t := c.cfg.Transport; t != nil {
+		ms := t.Stats()
+		counter(descBytes, ms.PublishedBytes, "sent", "gossip")
+		counter(descBytes, ms.ReceivedBytes, "received", "gossip")
+		counter(descBytes, ms.DirectSentBytes, "sent", "sync")
+		counter(descBytes, ms.DirectReceivedBytes, "received", "sync")
+		counter(descMsgs, ms.Published, "sent", "gossip")
+		counter(descMsgs, ms.Received, "received", "gossip")
+		counter(descMsgs, ms.DirectSent, "sent", "sync")
+		counter(descMsgs, ms.DirectReceived, "received", "sync")
+		counter(descWire, ms.WireIn, "in")
+		counter(descWire, ms.WireOut, "out")
+		for r := mesh.Reason(0); r < mesh.NumReasons; r++ {
+			counter(descRejected, ms.RejectedGossip[r], "gossip", r.String())
+			counter(descRejected, ms.RejectedDirect[r], "sync", r.String())
+		}
+		counter(descRejected, ms.BadSignature, "gossip", "bad_signature")
+		counter(descDropped, ms.DroppedOutbound, "outbound")
+		counter(descDropped, ms.DroppedValidation, "validation")
+		counter(descDropped, ms.DroppedSubscriber, "subscriber")
+	}
+	if c.cfg.PersistErrors != nil {
+		counter(descPersist, c.cfg.PersistErrors())
+	}
+}

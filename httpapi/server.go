@@ -1,0 +1,781 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/mesh"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// MaxBodyBytes caps a request body; a larger one is refused with 400.
+const MaxBodyBytes = 64 << 10
+
+// MaxKeyBytes is the longest key accepted.
+const MaxKeyBytes = 256
+
+// Transport is what the API reads from the mesh: its counters for the
+// metrics and the peers' addresses for /v1/peers. *mesh.Mesh implements
+// it.
+type Transport interface {
+	Stats() mesh.Stats
+	Addrs() []string
+	PeerAddrs(peerID string) []string
+}
+
+var _ Transport = (*mesh.Mesh)(nil)
+
+// Config configures a Server. Node is required; the rest is optional.
+type Config struct {
+	// Node is the member the API serves.
+	Node *node.Node
+	// Transport supplies addresses and mesh metrics; nil leaves addrs
+	// empty and the mesh metrics out.
+	Transport Transport
+	// PersistErrors returns the persistence errors so far, for the
+	// metrics; nil leaves them out.
+	PersistErrors func() uint64
+	// MaxWait caps how long /v1/wait may wait (its max_wait_ms, or the
+	// whole wait when absent). Default 30s.
+	MaxWait time.Duration
+	// Logger receives server-side errors; nil discards them.
+	Logger *slog.Logger
+}
+
+// Server is the HTTP API over one node: an http.Handler with its own
+// Prometheus registry. It is safe for concurrent use.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	metrics *metrics
+	metricH http.Handler
+}
+
+// New returns the API server for cfg.Node.
+func New(cfg Config) (*Server, error) {
+	if cfg.Node == nil {
+		return nil, errors.New("httpapi: Config.Node must be set")
+	}
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = 30 * time.Second // longer than any sane client timeout; a stuck waiter frees itself
+	}
+	if cfg.MaxWait < 0 {
+		return nil, fmt.Errorf("httpapi: max_wait: must be positive, got %v", cfg.MaxWait)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, reg: prometheus.NewRegistry()}
+	s.metrics = newMetrics(s.reg, cfg)
+	s.metricH = promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{ErrorLog: slogAdapter{s.log}})
+	return s, nil
+}
+
+// Registry returns the server's Prometheus registry, so a command can
+// register more collectors.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// ObserveReload counts one configuration reload by result: "ok" (every
+// rule applied), "partial" (some rules kept their old version) or
+// "failed" (nothing applied).
+func (s *Server) ObserveReload(result string) { s.metrics.reloads.WithLabelValues(result).Inc() }
+
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Println(v ...any) { a.l.Error("metrics", "err", fmt.Sprint(v...)) }
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	if rest, ok := strings.CutPrefix(path, "/v1/peers/"); ok {
+		id, tail, _ := strings.Cut(rest, "/")
+		if tail == "evict" && id != "" {
+			if s.method(w, r, http.MethodPost) {
+				s.evict(w, r, id)
+			}
+			return
+		}
+		writeError(w, http.StatusNotFound, "no such endpoint: "+path)
+		return
+	}
+	type route struct {
+		method string
+		h      func(http.ResponseWriter, *http.Request)
+	}
+	var rt route
+	switch path {
+	case "/v1/allow":
+		rt = route{http.MethodPost, s.allow}
+	case "/v1/wait":
+		rt = route{http.MethodPost, s.wait}
+	case "/v1/acquire":
+		rt = route{http.MethodPost, s.acquire}
+	case "/v1/renew":
+		rt = route{http.MethodPost, s.renew}
+	case "/v1/release":
+		rt = route{http.MethodPost, s.release}
+	case "/v1/usage":
+		rt = route{http.MethodGet, s.usage}
+	case "/v1/peers":
+		rt = route{http.MethodGet, s.peers}
+	case "/metrics":
+		rt = route{http.MethodGet, s.metricH.ServeHTTP}
+	case "/healthz":
+		rt = route{http.MethodGet, s.health}
+	default:
+		writeError(w, http.StatusNotFound, "no such endpoint: "+path)
+		return
+	}
+	if s.method(w, r, rt.method) {
+		rt.h(w, r)
+	}
+}
+
+// method answers 405 unless r uses want (GET also admits HEAD).
+func (s *Server) method(w http.ResponseWriter, r *http.Request, want string) bool {
+	if r.Method == want || (want == http.MethodGet && r.Method == http.MethodHead) {
+		return true
+	}
+	allow := want
+	if want == http.MethodGet {
+		allow = "GET, HEAD"
+	}
+	w.Header().Set("Allow", allow)
+	writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed; use %s", r.Method, want))
+	return false
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, ErrorResponse{Error: msg})
+}
+
+// badRequest is a client's mistake: 400 (or Status) with a message naming
+// the field.
+type badRequest struct {
+	status int
+	msg    string
+	owner  string
+}
+
+func (e *badRequest) Error() string { return e.msg }
+
+func bad(format string, args ...any) error {
+	return &badRequest{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...)}
+}
+
+// fail writes err: a badRequest as itself, a node or limiter error by its
+// sentinel, anything else as 500 (a fault of ours, logged). field names
+// the request's field for errors that do not.
+func (s *Server) fail(w http.ResponseWriter, prefix string, err error) {
+	var br *badRequest
+	var owner *node.NotOwnerError
+	status, msg := http.StatusBadRequest, err.Error()
+	join := func(field string) string {
+		if prefix != "" {
+			return prefix + "." + field
+		}
+		return field
+	}
+	switch {
+	case errors.As(err, &br):
+		writeJSON(w, br.status, ErrorResponse{Error: br.msg, Owner: br.owner})
+		return
+	case errors.As(err, &owner):
+		writeJSON(w, http.StatusNotFound, ErrorResponse{Error: fmt.Sprintf("lease_id: owned by peer %s; renew or release it there", owner.Owner), Owner: owner.Owner})
+		return
+	case errors.Is(err, node.ErrUnknownRule):
+		status, msg = http.StatusNotFound, join("rule")+": "+trim(err)
+	case errors.Is(err, node.ErrUnknownLease):
+		status, msg = http.StatusNotFound, "lease_id: unknown or expired lease"
+	case errors.Is(err, node.ErrUnknownPeer):
+		status, msg = http.StatusNotFound, "peer_id: "+trim(err)
+	case errors.Is(err, limiter.ErrUnknownClass):
+		msg = join("class") + ": " + trim(err)
+	case errors.Is(err, limiter.ErrUnknownType):
+		msg = join("type") + ": " + trim(err)
+	case errors.Is(err, limiter.ErrBadCost):
+		msg = join("cost") + ": " + trim(err)
+	case errors.Is(err, limiter.ErrBadKey):
+		msg = join("key") + ": " + trim(err)
+	case errors.Is(err, limiter.ErrWrongAlgorithm):
+		msg = join("rule") + ": " + trim(err)
+	case errors.Is(err, node.ErrBadOption):
+		msg = trim(err)
+	case errors.Is(err, node.ErrClosed):
+		status, msg = http.StatusServiceUnavailable, "the node is shutting down"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		status, msg = http.StatusServiceUnavailable, "request cancelled: "+err.Error()
+	default:
+		s.log.Error("api", "err", err)
+		status, msg = http.StatusInternalServerError, "internal error"
+	}
+	writeError(w, status, msg)
+}
+
+// trim drops the package prefixes ("node: ", "limiter: ", "checks[1]: ")
+// from err's message.
+func trim(err error) string {
+	msg := err.Error()
+	for {
+		switch {
+		case strings.HasPrefix(msg, "node: "):
+			msg = msg[len("node: "):]
+		case strings.HasPrefix(msg, "limiter: "):
+			msg = msg[len("limiter: "):]
+		case strings.HasPrefix(msg, "checks["):
+			_, rest, ok := strings.Cut(msg, "]: ")
+			if !ok {
+				return msg
+			}
+			msg = rest
+		default:
+			return msg
+		}
+	}
+}
+
+// checkIndex returns the index N of an AllowAll error's "checks[N]: "
+// prefix, or -1.
+func checkIndex(err error) int {
+	rest, ok := strings.CutPrefix(err.Error(), "checks[")
+	if !ok {
+		return -1
+	}
+	num, _, ok := strings.Cut(rest, "]")
+	if !ok {
+		return -1
+	}
+	i, err2 := strconv.Atoi(num)
+	if err2 != nil {
+		return -1
+	}
+	return i
+}
+
+// readObject reads r's body as one JSON object, numbers kept as
+// json.Number.
+func readObject(w http.ResponseWriter, r *http.Request) (map[string]any, error) {
+	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			return nil, bad("body: over %d bytes", MaxBodyBytes)
+		case errors.Is(err, io.EOF):
+			return nil, bad("body: empty; send a JSON object")
+		}
+		return nil, bad("body: malformed JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, bad("body: over %d bytes", MaxBodyBytes)
+		}
+		return nil, bad("body: data after the JSON object")
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, bad("body: must be a JSON object, got %s", jsonKind(v))
+	}
+	return obj, nil
+}
+
+func jsonKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case json.Number:
+		return "a number"
+	case string:
+		return "a string"
+	case []any:
+		return "an array"
+	case map[string]any:
+		return "an object"
+	}
+	return "a value"
+}
+
+// fieldReader takes typed fields out of a decoded object; the first
+// problem is kept, naming the field with prefix.
+type fieldReader struct {
+	obj    map[string]any
+	prefix string
+	used   map[string]bool
+	err    error
+}
+
+func newFields(obj map[string]any, prefix string) *fieldReader {
+	return &fieldReader{obj: obj, prefix: prefix, used: make(map[string]bool, len(obj))}
+}
+
+func (f *fieldReader) name(field string) string {
+	if f.prefix == "" {
+		return field
+	}
+	return f.prefix + "." + field
+}
+
+func (f *fieldReader) fail(field, format string, args ...any) {
+	if f.err == nil {
+		f.err = bad("%s: %s", f.name(field), fmt.Sprintf(format, args...))
+	}
+}
+
+// get returns the field's value, marking it used.
+func (f *fieldReader) get(field string) (any, bool) {
+	f.used[field] = true
+	v, ok := f.obj[field]
+	if ok && v == nil {
+		return nil, false // null is absent
+	}
+	return v, ok
+}
+
+// str returns a string field; required ones must be non-empty.
+func (f *fieldReader) str(field string, required bool) string {
+	v, ok := f.get(field)
+	if !ok {
+		if required {
+			f.fail(field, "missing")
+		}
+		return ""
+	}
+	s, isStr := v.(string)
+	if !isStr {
+		f.fail(field, "must be a string, got %s", jsonKind(v))
+		return ""
+	}
+	if required && s == "" {
+		f.fail(field, "must not be empty")
+	}
+	return s
+}
+
+// uint returns a whole-number field within [0, maxV]; present reports
+// whether it was given.
+func (f *fieldReader) uint(field string, maxV uint64) (n uint64, present bool) {
+	v, ok := f.get(field)
+	if !ok {
+		return 0, false
+	}
+	num, isNum := v.(json.Number)
+	if !isNum {
+		f.fail(field, "must be a whole number, got %s", jsonKind(v))
+		return 0, true
+	}
+	s := string(num)
+	if u, err := strconv.ParseUint(s, 10, 64); err == nil {
+		if u > maxV {
+			f.fail(field, "%s is over the maximum %d", s, maxV)
+		}
+		return u, true
+	}
+	fl, err := strconv.ParseFloat(s, 64)
+	switch {
+	case strings.HasPrefix(s, "-") && (err != nil || fl != 0):
+		f.fail(field, "must not be negative, got %s", s)
+	case err != nil || fl > float64(maxV):
+		f.fail(field, "%s is over the maximum %d", s, maxV)
+	case fl != float64(uint64(fl)):
+		f.fail(field, "must be a whole number, got %s", s)
+	default:
+		return uint64(fl), true
+	}
+	return 0, true
+}
+
+// done reports an unknown field, then the first problem.
+func (f *fieldReader) done() error {
+	if f.err != nil {
+		return f.err
+	}
+	keys := make([]string, 0, len(f.obj))
+	for k := range f.obj {
+		if !f.used[k] {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) > 0 {
+		sort.Strings(keys)
+		return bad("%s: unknown field", f.name(keys[0]))
+	}
+	return nil
+}
+
+// check is one decoded /v1/allow check.
+type check struct {
+	rule, key string
+	opts      []node.Option
+}
+
+// readCheck reads one check's fields from f (rule, key, cost, type, units,
+// class) and leaves other fields for the caller.
+func readCheck(f *fieldReader) check {
+	var c check
+	c.rule = f.str("rule", true)
+	c.key = f.str("key", true)
+	if len(c.key) > MaxKeyBytes {
+		f.fail("key", "%d bytes, at most %d", len(c.key), MaxKeyBytes)
+	}
+	cost, hasCost := f.uint("cost", limiter.MaxCost)
+	typ := f.str("type", false)
+	units, hasUnits := f.uint("units", limiter.MaxCost)
+	class := f.str("class", false)
+	if f.err != nil {
+		return c
+	}
+	_, typeGiven := f.obj["type"]
+	switch {
+	case hasCost && typ != "":
+		f.fail("type", "give either cost or type with units, not both")
+	case hasUnits && typ == "":
+		f.fail("units", "needs type")
+	case typeGiven && typ == "":
+		f.fail("type", "must not be empty")
+	}
+	if hasCost {
+		c.opts = append(c.opts, node.Cost(cost))
+	}
+	if typ != "" {
+		if !hasUnits {
+			units = 1
+		}
+		c.opts = append(c.opts, node.Type(typ, units))
+	}
+	if class != "" {
+		c.opts = append(c.opts, node.Class(class))
+	}
+	return c
+}
+
+func msCeil(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+func toResponse(d node.Decision) AllowResponse {
+	ra := msCeil(d.RetryAfter)
+	if d.RetryAfter == node.Never {
+		ra = -1
+	}
+	return AllowResponse{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetAfterMs: msCeil(d.ResetAfter), RetryAfterMs: ra}
+}
+
+func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
+	obj, err := readObject(w, r)
+	if err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	if raw, multi := obj["checks"]; multi {
+		s.allowAll(w, r, obj, raw)
+		return
+	}
+	f := newFields(obj, "")
+	c := readCheck(f)
+	if err := f.done(); err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	start := time.Now()
+	d, err := s.cfg.Node.Allow(r.Context(), c.rule, c.key, c.opts...)
+	s.metrics.latency.WithLabelValues("allow").Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	s.metrics.decided(c.rule, d)
+	writeJSON(w, http.StatusOK, toResponse(d))
+}
+
+// MaxChecks caps the checks of one all-or-nothing request.
+const MaxChecks = 64
+
+func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, obj map[string]any, raw any) {
+	for k := range obj {
+		if k != "checks" {
+			s.fail(w, "", bad("%s: unknown field (a request is either one check or {\"checks\": [...]})", k))
+			return
+		}
+	}
+	list, ok := raw.([]any)
+	switch {
+	case !ok:
+		s.fail(w, "", bad("checks: must be an array of checks, got %s", jsonKind(raw)))
+		return
+	case len(list) == 0:
+		s.fail(w, "", bad("checks: must not be empty"))
+		return
+	case len(list) > MaxChecks:
+		s.fail(w, "", bad("checks: %d checks, at most %d", len(list), MaxChecks))
+		return
+	}
+	checks := make([]node.Check, len(list))
+	rules := make([]string, len(list))
+	for i, e := range list {
+		prefix := fmt.Sprintf("checks[%d]", i)
+		o, ok := e.(map[string]any)
+		if !ok {
+			s.fail(w, "", bad("%s: must be an object, got %s", prefix, jsonKind(e)))
+			return
+		}
+		f := newFields(o, prefix)
+		c := readCheck(f)
+		if err := f.done(); err != nil {
+			s.fail(w, "", err)
+			return
+		}
+		checks[i], rules[i] = node.NewCheck(c.rule, c.key, c.opts...), c.rule
+	}
+	start := time.Now()
+	allowed, ds, err := s.cfg.Node.AllowAll(r.Context(), checks...)
+	s.metrics.latency.WithLabelValues("allow").Observe(time.Since(start).Seconds())
+	if err != nil {
+		prefix := ""
+		if i := checkIndex(err); i >= 0 {
+			prefix = fmt.Sprintf("checks[%d]", i)
+		}
+		s.fail(w, prefix, err)
+		return
+	}
+	resp := MultiAllowResponse{Allowed: allowed, Results: make([]AllowResponse, len(ds))}
+	for i, d := range ds {
+		s.metrics.decided(rules[i], d)
+		resp.Results[i] = toResponse(d)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
+	obj, err := readObject(w, r)
+	if err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	if _, multi := obj["checks"]; multi {
+		s.fail(w, "", bad("checks: /v1/wait takes one check; use /v1/allow for several"))
+		return
+	}
+	f := newFields(obj, "")
+	c := readCheck(f)
+	maxMs, hasMax := f.uint("max_wait_ms", uint64(s.cfg.MaxWait/time.Millisecond))
+	if err := f.done(); err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	maxWait := s.cfg.MaxWait
+	if hasMax {
+		maxWait = time.Duration(maxMs) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), maxWait+time.Second)
+	defer cancel()
+	d, err := s.cfg.Node.Wait(ctx, c.rule, c.key, append(c.opts, node.MaxWait(maxWait))...)
+	if err != nil && !(d.Limit > 0 && (errors.Is(err, context.DeadlineExceeded))) {
+		s.fail(w, "", err)
+		return
+	}
+	s.metrics.decided(c.rule, d)
+	writeJSON(w, http.StatusOK, toResponse(d))
+}
+
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
+	obj, err := readObject(w, r)
+	if err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	f := newFields(obj, "")
+	rule := f.str("rule", true)
+	key := f.str("key", true)
+	if len(key) > MaxKeyBytes {
+		f.fail("key", "%d bytes, at most %d", len(key), MaxKeyBytes)
+	}
+	class := f.str("class", false)
+	if err := f.done(); err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	var opts []node.Option
+	if class != "" {
+		opts = append(opts, node.Class(class))
+	}
+	start := time.Now()
+	lease, d, err := s.cfg.Node.Acquire(r.Context(), rule, key, opts...)
+	s.metrics.latency.WithLabelValues("acquire").Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	s.metrics.decided(rule, d)
+	resp := AcquireResponse{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining}
+	if lease != nil {
+		resp.LeaseID = lease.ID
+		resp.TTLMs = msCeil(time.Until(lease.Expires()))
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) leaseID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	obj, err := readObject(w, r)
+	if err != nil {
+		s.fail(w, "", err)
+		return "", false
+	}
+	f := newFields(obj, "")
+	id := f.str("lease_id", true)
+	if err := f.done(); err != nil {
+		s.fail(w, "", err)
+		return "", false
+	}
+	return id, true
+}
+
+func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
+	id, ok := s.leaseID(w, r)
+	if !ok {
+		return
+	}
+	ttl, err := s.cfg.Node.Renew(r.Context(), id)
+	if err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, RenewResponse{TTLMs: msCeil(ttl)})
+}
+
+func (s *Server) release(w http.ResponseWriter, r *http.Request) {
+	id, ok := s.leaseID(w, r)
+	if !ok {
+		return
+	}
+	if err := s.cfg.Node.Release(r.Context(), id); err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		s.fail(w, "", bad("query: malformed: %v", err))
+		return
+	}
+	for k, vs := range q {
+		if k != "rule" && k != "key" {
+			s.fail(w, "", bad("%s: unknown query parameter", k))
+			return
+		}
+		if len(vs) > 1 {
+			s.fail(w, "", bad("%s: given %d times", k, len(vs)))
+			return
+		}
+	}
+	rule, key := q.Get("rule"), q.Get("key")
+	switch {
+	case rule == "":
+		s.fail(w, "", bad("rule: missing"))
+		return
+	case key == "":
+		s.fail(w, "", bad("key: missing"))
+		return
+	case len(key) > MaxKeyBytes:
+		s.fail(w, "", bad("key: %d bytes, at most %d", len(key), MaxKeyBytes))
+		return
+	}
+	rep, err := s.cfg.Node.Usage(rule, key)
+	if err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	resp := UsageResponse{Rule: rep.Rule, Key: rep.Key, Window: rep.Window, WindowMs: rep.WindowMs, Total: rep.Total, Slots: make([]SlotJSON, 0, len(rep.Slots))}
+	for _, sl := range rep.Slots {
+		resp.Slots = append(resp.Slots, SlotJSON{PeerID: sl.Peer, Incarnation: sl.Incarnation, Admitted: sl.Admitted, Attempted: sl.Attempted})
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// PeersJSON converts the node's member table for /v1/peers, with
+// addresses from t (nil: none).
+func PeersJSON(ps []node.PeerInfo, t Transport) PeersResponse {
+	resp := PeersResponse{Peers: make([]PeerJSON, 0, len(ps))}
+	for _, p := range ps {
+		pj := PeerJSON{
+			PeerID: p.Peer, Incarnation: p.Incarnation, State: p.State.String(),
+			LastSeenMs: p.LastSeen.Milliseconds(), RulesHash: fmt.Sprintf("%016x", p.RulesHash),
+			RulesMatch: p.RulesMatch, Self: p.Self, Addrs: []string{},
+		}
+		if t != nil {
+			if p.Self {
+				pj.Addrs = append(pj.Addrs, t.Addrs()...)
+			} else {
+				pj.Addrs = append(pj.Addrs, t.PeerAddrs(p.Peer)...)
+			}
+		}
+		resp.Peers = append(resp.Peers, pj)
+	}
+	return resp
+}
+
+func (s *Server) peers(w http.ResponseWriter, r *http.Request) {
+	if len(r.URL.RawQuery) > 0 {
+		s.fail(w, "", bad("query: /v1/peers takes no parameters"))
+		return
+	}
+	ps := s.cfg.Node.Peers()
+	if ps == nil {
+		s.fail(w, "", node.ErrClosed)
+		return
+	}
+	var t Transport
+	if s.cfg.Transport != nil {
+		t = s.cfg.Transport
+	}
+	writeJSON(w, http.StatusOK, PeersJSON(ps, t))
+}
+
+func (s *Server) evict(w http.ResponseWriter, r *http.Request, id string) {
+	if err := s.cfg.Node.Evict(id); err != nil {
+		s.fail(w, "", err)
+		return
+	}
+	s.log.Warn("member evicted by request", "member", id, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.Node.Ready() {
+		writeJSON(w, http.StatusOK, HealthResponse{State: "ready"})
+		return
+	}
+	writeJSON(w, http.StatusServiceUnavailable, HealthResponse{State: "joining"})
+}
