@@ -251,8 +251,9 @@ func Reload(running []limiter.Rule, data []byte) (rules []limiter.Rule, errs []e
 	return rules, errs
 }
 
-// NodeConfig returns base with the file's node and mesh settings applied
-// to its CoreConfig (rules, intervals, policy, join timeout, max skew).
+// NodeConfig returns base with the file's node and mesh settings applied:
+// its CoreConfig (rules, intervals, policy, join timeout, max skew) and the
+// persistence intervals.
 // Peer, Transport and Store are left for the caller; Join is set when
 // bootstrap peers are configured.
 func (c *Config) NodeConfig(base node.Config) node.Config {
@@ -268,6 +269,8 @@ func (c *Config) NodeConfig(base node.Config) node.Config {
 	cc.MaxSkew = c.Mesh.MaxSkew
 	cc.JoinTimeout = c.Node.JoinTimeout
 	cc.Join = len(c.Node.Bootstrap) > 0
+	base.FlushInterval = c.Node.FlushInterval
+	base.PersistMinWindow = c.Node.PersistMinWindow
 	return base
 }
 

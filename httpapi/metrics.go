@@ -74,16 +74,13 @@ type stateCollector struct{ cfg Config }
 
 // Describe implements prometheus.Collector.
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMembers, descMismatch, descReady, descKeys, descWindows, descEvicted, descKeyCap, descOffset, descEntries} {
+	for _, d := range []*prometheus.Desc{descMembers, descMismatch, descReady, descKeys, descWindows, descEvicted, descKeyCap, descOffset, descEntries, descPersist} {
 		ch <- d
 	}
 	if c.cfg.Transport != nil {
 		for _, d := range []*prometheus.Desc{descBytes, descMsgs, descWire, descRejected, descDropped} {
 			ch <- d
 		}
-	}
-	if c.cfg.PersistErrors != nil {
-		ch <- descPersist
 	}
 }
 
@@ -125,6 +122,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEntries, st.DroppedFuture, "future")
 	counter(descEntries, st.DroppedUnknownRule, "unknown_rule")
 	counter(descEntries, st.DroppedStale, "stale")
+	counter(descPersist, st.PersistErrors)
 	if t := c.cfg.Transport; t != nil {
 		ms := t.Stats()
 		counter(descBytes, ms.PublishedBytes, "sent", "gossip")
@@ -145,8 +143,5 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descDropped, ms.DroppedOutbound, "outbound")
 		counter(descDropped, ms.DroppedValidation, "validation")
 		counter(descDropped, ms.DroppedSubscriber, "subscriber")
-	}
-	if c.cfg.PersistErrors != nil {
-		counter(descPersist, c.cfg.PersistErrors())
 	}
 }

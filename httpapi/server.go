@@ -46,9 +46,6 @@ type Config struct {
 	// Transport supplies addresses and mesh metrics; nil leaves addrs
 	// empty and the mesh metrics out.
 	Transport Transport
-	// PersistErrors returns the persistence errors so far, for the
-	// metrics; nil leaves them out.
-	PersistErrors func() uint64
 	// MaxWait caps how long /v1/wait may wait (its max_wait_ms, or the
 	// whole wait when absent). Default 30s.
 	MaxWait time.Duration

@@ -302,6 +302,7 @@ func TestMetricsLint(t *testing.T) {
 		`ratemesh_config_reloads_total{result="ok"} 1`,
 		`ratemesh_ready 1`,
 		`ratemesh_keys_denied_total 0`,
+		`ratemesh_persistence_errors_total 0`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
