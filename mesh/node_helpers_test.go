@@ -1,0 +1,293 @@
+package mesh_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/mesh"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// The tests in this package start real node runtimes (node.Start) on real
+// libp2p hosts listening on 127.0.0.1, one mesh.Mesh each: the whole
+// stack a ratemesh serve process runs, minus the HTTP API.
+
+// member is one started node and its transport.
+type member struct {
+	n *node.Node
+	m *mesh.Mesh
+}
+
+// spec describes a member to start.
+type spec struct {
+	rules     []limiter.Rule
+	bootstrap []*mesh.Mesh // dialled at start; Join is set when any
+	psk       []byte
+	clock     func() time.Time
+	// join overrides Join (set when bootstrap is not empty); joinTimeout
+	// overrides JoinTimeout (default 5 s, so a failed join shows).
+	joinTimeout time.Duration
+	core        func(*node.CoreConfig)
+}
+
+// logger discards, or writes debug logs to stderr with MESH_TEST_LOG set.
+func logger() *slog.Logger {
+	if os.Getenv("MESH_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// newTransport builds a loopback TCP mesh for s, closed when the test
+// ends (node.Close closes it first; Close is idempotent).
+func newTransport(t testing.TB, s spec) *mesh.Mesh {
+	t.Helper()
+	key, _, err := crypto.GenerateEd25519Key(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := mesh.DefaultConfig()
+	cfg.Namespace = "nodetest"
+	cfg.PrivKey = key
+	cfg.PSK = s.psk
+	cfg.Listen = []string{"/ip4/127.0.0.1/tcp/0"}
+	cfg.Logger = logger()
+	cfg.Plausible = mesh.PlausibleFor(s.rules, 0)
+	cfg.DialTimeout = time.Second
+	cfg.SyncTimeout = 5 * time.Second
+	cfg.RedialMin = 20 * time.Millisecond
+	cfg.RedialMax = 300 * time.Millisecond
+	for _, b := range s.bootstrap {
+		cfg.Bootstrap = append(cfg.Bootstrap, tcpAddrOf(t, b))
+	}
+	m, err := mesh.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// startMember starts a node on a fresh mesh; it leaves when the test ends.
+func startMember(t testing.TB, s spec) member {
+	t.Helper()
+	m := newTransport(t, s)
+	cfg := node.DefaultConfig()
+	cfg.Peer, cfg.Rules, cfg.Transport = m.PeerID(), s.rules, m
+	cfg.Logger = logger().With("test", t.Name())
+	cfg.Join = len(s.bootstrap) > 0
+	cfg.JoinTimeout = 5 * time.Second
+	if s.joinTimeout > 0 {
+		cfg.JoinTimeout = s.joinTimeout
+	}
+	if s.clock != nil {
+		cfg.Clock = s.clock
+	}
+	if s.core != nil {
+		s.core(&cfg.CoreConfig)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	n, err := node.Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("node.Start: %v", err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return member{n: n, m: m}
+}
+
+// startMembers starts count members, each dialling every one started
+// before it (a full mesh, as bootstrap lists of every peer give), and
+// waits until every member holds every other alive.
+func startMembers(t testing.TB, count int, s spec) []member {
+	t.Helper()
+	ms := make([]member, 0, count)
+	for range count {
+		si := s
+		si.bootstrap = nil
+		for _, o := range ms {
+			si.bootstrap = append(si.bootstrap, o.m)
+		}
+		ms = append(ms, startMember(t, si))
+	}
+	waitAlive(t, ms, 10*time.Second)
+	return ms
+}
+
+// waitAlive waits until every member sees every other one alive.
+func waitAlive(t testing.TB, ms []member, d time.Duration) {
+	t.Helper()
+	eventually(t, d, func() (bool, string) {
+		for i, a := range ms {
+			for j, b := range ms {
+				if s := stateOf(a.n, b.m.PeerID()); i != j && s != "alive" {
+					return false, fmt.Sprintf("member %d sees member %d %s", i, j, s)
+				}
+			}
+		}
+		return true, ""
+	})
+}
+
+func tcpAddrOf(t testing.TB, m *mesh.Mesh) string {
+	t.Helper()
+	for _, a := range m.Addrs() {
+		if strings.Contains(a, "/tcp/") {
+			return a
+		}
+	}
+	t.Fatalf("no TCP address in %v", m.Addrs())
+	return ""
+}
+
+// stateOf returns peer's state in n's view, or "absent".
+func stateOf(n *node.Node, peer string) string {
+	for _, p := range n.Peers() {
+		if p.Peer == peer {
+			return p.State.String()
+		}
+	}
+	return "absent"
+}
+
+// eventually polls cond every 5 ms until it holds, or fails with cond's
+// last explanation after d.
+func eventually(t testing.TB, d time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, why)
+		}
+		<-tick.C
+	}
+}
+
+// alignedClock returns a clock that runs at real speed, shifted so that it
+// reads into past the start of a window of length w right now: every
+// member given it opens windows together, and a test knows where it
+// stands in a long window without waiting for a boundary.
+func alignedClock(w, into time.Duration) func() time.Time {
+	now := time.Now()
+	wn := w.Nanoseconds()
+	off := time.Duration(wn - now.UnixNano()%wn + into.Nanoseconds())
+	return func() time.Time { return time.Now().Add(off) }
+}
+
+// usageDiff compares what the members hold of (rule, key): the window,
+// the total and every slot's values. It returns "" when all agree.
+func usageDiff(ms []member, rule, key string) string {
+	var first node.UsageReport
+	for i, x := range ms {
+		rep, err := x.n.Usage(rule, key)
+		if err != nil {
+			return fmt.Sprintf("member %d: Usage: %v", i, err)
+		}
+		if i == 0 {
+			first = rep
+			continue
+		}
+		if rep.Window != first.Window || rep.Total != first.Total || !slices.Equal(rep.Slots, first.Slots) {
+			return fmt.Sprintf("%s/%s: member 0 holds window %d total %d %v; member %d holds window %d total %d %v",
+				rule, key, first.Window, first.Total, first.Slots, i, rep.Window, rep.Total, rep.Slots)
+		}
+	}
+	return ""
+}
+
+// tally counts admitted credits per window index of a clock, from the
+// test's own record of decisions.
+type tally struct {
+	mu       sync.Mutex
+	winMs    int64
+	admitted map[int64]uint64
+	offered  map[int64]uint64
+}
+
+func newTally(w time.Duration) *tally {
+	return &tally{winMs: w.Milliseconds(), admitted: map[int64]uint64{}, offered: map[int64]uint64{}}
+}
+
+func (t *tally) add(at time.Time, admitted bool) {
+	w := at.UnixMilli() / t.winMs
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.offered[w]++
+	if admitted {
+		t.admitted[w]++
+	}
+}
+
+func (t *tally) total() (n uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, a := range t.admitted {
+		n += a
+	}
+	return n
+}
+
+// windows returns the admitted credits of the windows wholly inside
+// [from, to), in order.
+func (t *tally) windows(from, to time.Time) (idx []int64, admitted []uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	first := (from.UnixMilli() + t.winMs - 1) / t.winMs
+	last := to.UnixMilli()/t.winMs - 1
+	for w := first; w <= last; w++ {
+		idx = append(idx, w)
+		admitted = append(admitted, t.admitted[w])
+	}
+	return idx, admitted
+}
+
+// offer sends rate requests per second of (rule, key) to n until stop
+// closes, spread uniformly (as many as are due every millisecond), and
+// records each decision in tl at the clock's reading. Errors go to errs.
+func offer(n *node.Node, clock func() time.Time, rule, key string, rate float64, tl *tally, stop <-chan struct{}, errs chan<- error) {
+	ctx := context.Background()
+	start := time.Now()
+	issued := 0
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		due := int(time.Since(start).Seconds() * rate)
+		for ; issued < due; issued++ {
+			at := clock()
+			d, err := n.Allow(ctx, rule, key)
+			if err != nil {
+				select {
+				case errs <- err:
+				default:
+				}
+				return
+			}
+			tl.add(at, d.Allowed)
+		}
+	}
+}
+
+func fixedRule(name string, limit uint64, w time.Duration) limiter.Rule {
+	return limiter.Rule{Name: name, Algorithm: limiter.FixedWindow, Limit: limit, Window: w}
+}
