@@ -28,6 +28,7 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"serve", serveUsage, runServe},
 		{"sim", "sim --scenario FILE [--seed N] [--out DIR] [--json]", runSim},
 	}
 }

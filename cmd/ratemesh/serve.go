@@ -1,0 +1,383 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+
+	"github.com/ratemesh/ratemesh/config"
+	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/mesh"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE]"
+
+// ReadyLine is what serve prints on stdout once it serves: one JSON line.
+type ReadyLine struct {
+	API    string   `json:"api"`
+	PeerID string   `json:"peer_id"`
+	Addrs  []string `json:"addrs"`
+}
+
+// multiFlag is a repeatable string flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func runServe(args []string, stdout, stderr io.Writer) int {
+	fset := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fset.SetOutput(stderr)
+	cfgPath := fset.String("config", "", "YAML config `file` (DESIGN.md); flags override it")
+	var listen, bootstrap multiFlag
+	fset.Var(&listen, "listen", "libp2p listen `multiaddr` (repeatable; default /ip4/127.0.0.1/tcp/4001)")
+	api := fset.String("api", "", "HTTP API `host:port` (default 127.0.0.1:8080; port 0 picks one)")
+	dataDir := fset.String("data-dir", "", "data `dir` (default ./ratemesh-data)")
+	fset.Var(&bootstrap, "bootstrap", "peer `multiaddr` ending in /p2p/<id> to join (repeatable)")
+	pskFile := fset.String("psk-file", "", "private network key `file` (swarm.key format)")
+	logLevel := fset.String("log-level", "info", "log `level`: debug, info, warn, error")
+	if err := fset.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fset.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: ratemesh "+serveUsage)
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: --log-level: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	cfg := config.Default()
+	if *cfgPath != "" {
+		c, err := config.Load(*cfgPath)
+		if err != nil {
+			fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
+			return 1
+		}
+		cfg = *c
+	}
+	if len(listen) > 0 {
+		cfg.Node.Listen = listen
+	}
+	if len(bootstrap) > 0 {
+		cfg.Node.Bootstrap = bootstrap
+	}
+	if *api != "" {
+		cfg.Node.API = *api
+	}
+	if *dataDir != "" {
+		cfg.Node.DataDir = *dataDir
+	}
+	if *pskFile != "" {
+		cfg.Node.PSKFile = *pskFile
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
+		return 1
+	}
+	for _, w := range cfg.Warnings {
+		log.Warn("config: " + w)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	if err := serve(ctx, cfg, *cfgPath, hup, stdout, log); err != nil {
+		log.Error("serve", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// serve runs a node until ctx ends, reloading the rules from cfgPath on
+// every value from hup.
+func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os.Signal, stdout io.Writer, log *slog.Logger) error {
+	if err := os.MkdirAll(cfg.Node.DataDir, 0o700); err != nil {
+		return fmt.Errorf("node.data_dir: %w", err)
+	}
+	key, err := mesh.LoadOrCreateKey(filepath.Join(cfg.Node.DataDir, "identity.key"))
+	if err != nil {
+		return err
+	}
+	mcfg := cfg.MeshConfig(mesh.DefaultConfig())
+	mcfg.PrivKey, mcfg.Logger = key, log
+	if cfg.Node.PSKFile != "" {
+		if mcfg.PSK, err = mesh.LoadPSK(cfg.Node.PSKFile); err != nil {
+			return fmt.Errorf("node.psk_file: %w", err)
+		}
+	}
+	for _, a := range cfg.Node.Listen {
+		if routable(a) && mcfg.PSK == nil {
+			log.Warn("listening on a routable address without a private network key: any peer that can reach it may join the mesh and spend its limits; set node.psk_file (--psk-file)", "listen", a)
+		}
+	}
+	var plaus plausibility
+	plaus.update(cfg.Rules)
+	mcfg.Plausible = plaus.get
+	m, err := mesh.New(mcfg)
+	if err != nil {
+		return err
+	}
+	ncfg := cfg.NodeConfig(node.DefaultConfig())
+	ncfg.Peer, ncfg.Transport, ncfg.Logger = m.PeerID(), m, log.With("component", "node")
+
+	// The API listens before the node has joined, so /healthz can say so.
+	ln, err := net.Listen("tcp", cfg.Node.API)
+	if err != nil {
+		_ = m.Close()
+		return fmt.Errorf("node.api: %w", err)
+	}
+	if host, _, err := net.SplitHostPort(ln.Addr().String()); err == nil {
+		if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() {
+			log.Warn("the HTTP API listens on a non-loopback address and has no authentication: anyone who can reach it may spend limits and evict members", "api", ln.Addr().String())
+		}
+	}
+	front := &frontHandler{}
+	srv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Serve(ln) }()
+	shutdownHTTP := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}
+
+	log.Info("starting", "peer_id", m.PeerID(), "listen", cfg.Node.Listen, "bootstrap", cfg.Node.Bootstrap, "api", ln.Addr().String(), "rules", len(cfg.Rules))
+	n, err := node.Start(ctx, ncfg)
+	if err != nil {
+		shutdownHTTP()
+		if ctx.Err() != nil {
+			log.Info("interrupted while joining")
+			return nil
+		}
+		return err
+	}
+	api, err := httpapi.New(httpapi.Config{Node: n, Transport: m, Logger: log.With("component", "api")})
+	if err != nil {
+		_ = n.Close()
+		shutdownHTTP()
+		return err
+	}
+	front.h.Store(api)
+
+	line, _ := json.Marshal(ReadyLine{API: ln.Addr().String(), PeerID: m.PeerID(), Addrs: m.Addrs()})
+	if _, err := fmt.Fprintf(stdout, "%s\n", line); err != nil {
+		log.Warn("write ready line", "err", err)
+	}
+	log.Info("ready", "api", ln.Addr().String(), "peer_id", m.PeerID())
+
+	var wg sync.WaitGroup
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	wg.Add(1)
+	go func() { defer wg.Done(); watchRules(watchCtx, n, log) }()
+
+	var serveErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("signal received; leaving the mesh")
+			break loop
+		case err := <-srvDone:
+			serveErr = fmt.Errorf("http: %w", err)
+			break loop
+		case <-hup:
+			reload(n, api, &plaus, cfgPath, log)
+		}
+	}
+	stopWatch()
+	wg.Wait()
+	shutdownHTTP()
+	if err := n.Close(); err != nil {
+		log.Warn("close", "err", err)
+	}
+	log.Info("stopped")
+	return serveErr
+}
+
+// reload applies the rules of the file at path: an invalid rule keeps its
+// running version, the rest apply; errors are logged and counted.
+func reload(n *node.Node, api *httpapi.Server, plaus *plausibility, path string, log *slog.Logger) {
+	if path == "" {
+		log.Warn("SIGHUP: no --config file to reload; nothing changes")
+		api.ObserveReload("failed")
+		return
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		log.Error("reload: keeping every rule", "err", err)
+		api.ObserveReload("failed")
+		return
+	}
+	rules, errs := config.Reload(n.Rules(), data)
+	for _, e := range errs {
+		log.Error("reload", "path", path, "err", e)
+	}
+	plaus.update(rules)
+	if err := n.Reload(rules); err != nil {
+		log.Error("reload: keeping every rule", "err", err)
+		api.ObserveReload("failed")
+		return
+	}
+	if len(errs) > 0 {
+		api.ObserveReload("partial")
+	} else {
+		api.ObserveReload("ok")
+	}
+}
+
+// watchRules logs, once per peer and hash, a live member whose rules hash
+// differs from ours.
+func watchRules(ctx context.Context, n *node.Node, log *slog.Logger) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	warned := make(map[string]uint64)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ours := n.RulesHash()
+		for _, p := range n.Peers() {
+			live := p.State == node.Alive || p.State == node.Suspect
+			if p.Self || !live || p.RulesMatch || p.RulesHash == 0 {
+				delete(warned, p.Peer)
+				continue
+			}
+			if h, ok := warned[p.Peer]; ok && h == p.RulesHash {
+				continue
+			}
+			warned[p.Peer] = p.RulesHash
+			log.Warn("a member runs different rules; limits differ until its config matches ours", "member", p.Peer, "rules_hash", fmt.Sprintf("%016x", p.RulesHash), "ours", fmt.Sprintf("%016x", ours))
+		}
+	}
+}
+
+// frontHandler serves the API once the node is up; before, /healthz says
+// joining and everything else 503.
+type frontHandler struct {
+	h atomic.Pointer[httpapi.Server]
+}
+
+func (f *frontHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h := f.h.Load(); h != nil {
+		h.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Retry-After", "1")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	if r.URL.Path == "/healthz" {
+		_ = json.NewEncoder(w).Encode(httpapi.HealthResponse{State: "joining"})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(httpapi.ErrorResponse{Error: "joining the mesh; retry shortly"})
+}
+
+// plausibility is the mesh validator's bound per rule, read concurrently
+// through an atomic pointer. Bounds only grow while the process runs, so
+// peers still on an older, larger version of a rule are never rejected.
+type plausibility struct {
+	mu     sync.Mutex
+	bounds atomic.Pointer[map[string]uint64]
+}
+
+// plausibleFactor is the safety factor over limit × largest multiplier:
+// peers' clocks and reloads may shift a window's admissions a little, not
+// 16-fold.
+const plausibleFactor = 16
+
+func (p *plausibility) update(rules []limiter.Rule) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next := make(map[string]uint64, len(rules))
+	if old := p.bounds.Load(); old != nil {
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	for _, r := range rules {
+		b, ok := plausibleBound(r)
+		if !ok {
+			next[r.Name] = 0 // unbounded
+			continue
+		}
+		if cur, seen := next[r.Name]; !seen || (cur != 0 && b > cur) {
+			next[r.Name] = b
+		}
+	}
+	p.bounds.Store(&next)
+}
+
+func (p *plausibility) get(rule string) (uint64, bool) {
+	m := p.bounds.Load()
+	if m == nil {
+		return 0, false
+	}
+	b, ok := (*m)[rule]
+	return b, ok && b > 0
+}
+
+// plausibleBound returns the most one slot can hold for r in one window:
+// the largest limit (overrides included) × the largest class multiplier ×
+// plausibleFactor. Shadow rules and rules with an unlimited class have no
+// bound.
+func plausibleBound(r limiter.Rule) (uint64, bool) {
+	if r.Shadow {
+		return 0, false
+	}
+	lim := float64(r.Limit)
+	for _, o := range r.Overrides {
+		lim = math.Max(lim, float64(o))
+	}
+	mult := 1.0
+	for _, c := range r.Classes {
+		if c.Unlimited {
+			return 0, false
+		}
+		mult = math.Max(mult, c.Multiplier)
+	}
+	b := math.Ceil(lim * mult * plausibleFactor)
+	if b >= math.MaxUint64/2 {
+		return 0, false
+	}
+	return uint64(b), true
+}
+
+// routable reports whether a listen multiaddr is reachable from other
+// hosts: anything but loopback.
+func routable(addr string) bool {
+	a, err := ma.NewMultiaddr(addr)
+	if err != nil {
+		return false // mesh.New names the bad address
+	}
+	return !manet.IsIPLoopback(a)
+}
