@@ -2,17 +2,35 @@
 // carries batches between members over gossipsub, with an anti-entropy
 // stream protocol, discovery, a private-network key and redialling.
 //
-// A runtime drives it like this:
+// # Embedding
 //
-//	key, _ := mesh.LoadOrCreateKey(filepath.Join(dataDir, "identity.key"))
-//	cfg := mesh.DefaultConfig()
-//	cfg.PrivKey, cfg.Namespace = key, "default"
-//	cfg.Listen, cfg.Bootstrap = listen, bootstrap
-//	cfg.PSK, _ = mesh.LoadPSK("swarm.key") // optional; TCP only
-//	cfg.Plausible = func(rule string) (uint64, bool) { … } // from the rules
-//	m, err := mesh.New(cfg)
-//	coreCfg.Peer = m.PeerID() // the counter slot is the libp2p identity
-//	…
+// A Go service runs a member in-process: a Mesh is the node's transport,
+// its peer ID the node's counter slot, and decisions are method calls on
+// the node (no network hop on the request path):
+//
+//	key, err := mesh.LoadOrCreateKey(filepath.Join(dataDir, "identity.key"))
+//	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.SlidingWindow, Limit: 1000, Window: time.Second}}
+//	mcfg := mesh.DefaultConfig()
+//	mcfg.PrivKey, mcfg.Namespace = key, "default"
+//	mcfg.Listen = []string{"/ip4/127.0.0.1/tcp/4001"}
+//	mcfg.Bootstrap = []string{"/ip4/127.0.0.1/tcp/4002/p2p/12D3KooW…"}
+//	mcfg.PSK, err = mesh.LoadPSK("swarm.key") // optional; TCP only
+//	mcfg.Plausible = mesh.PlausibleFor(rules, 0)
+//	m, err := mesh.New(mcfg)
+//
+//	ncfg := node.DefaultConfig()
+//	ncfg.Peer, ncfg.Rules, ncfg.Transport = m.PeerID(), rules, m
+//	ncfg.Join = len(mcfg.Bootstrap) > 0 // merge the mesh's state before serving
+//	n, err := node.Start(ctx, ncfg)    // n owns m: n.Close closes it
+//	defer n.Close()                    // a graceful leave
+//
+//	d, err := n.Allow(ctx, "api", "acct:42")
+//	if !d.Allowed {
+//		// 429, retry after d.RetryAfter
+//	}
+//
+// The node runtime drives the Mesh like this:
+//
 //	err = m.Start(ctx, handler) // handler queues into the runtime's loop
 //	for {
 //		select {

@@ -151,7 +151,10 @@ func TestNodesPartitionStrict(t *testing.T) {
 	cut := clock()
 	for _, x := range ms {
 		hourAdmitted.Add(1)
-		go func() { defer hourAdmitted.Done(); offer(x.n, clock, "hour", "both-sides", 200, hourTl, hourStop, errs) }()
+		go func() {
+			defer hourAdmitted.Done()
+			offer(x.n, clock, "hour", "both-sides", 200, hourTl, hourStop, errs)
+		}()
 	}
 	// Each side sees the other suspect; the strict policy scales the limit.
 	eventually(t, 3*time.Second, func() (bool, string) {

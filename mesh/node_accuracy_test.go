@@ -1,0 +1,165 @@
+package mesh_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/mesh"
+)
+
+// TestNodeJoinsMidWindow: four members spend 90% of a 20 s window's limit;
+// a fifth, started mid-window with the four as its bootstrap peers, is hit
+// as hard as it will take the moment Start returns. It admits no more than
+// the remaining 10% (plus 2% of the limit) in that window, and the mesh as
+// a whole no more than 1.02 × the limit. The numbers fit: the
+// clock is aligned so the test runs in the window's first seconds.
+func TestNodeJoinsMidWindow(t *testing.T) {
+	const (
+		limit = 1000
+		spent = limit * 9 / 10
+		n     = 4
+	)
+	win := 20 * time.Second
+	clock := alignedClock(win, time.Second)
+	rules := []limiter.Rule{fixedRule("api", limit, win)}
+	ms := startMembers(t, n, spec{rules: rules, clock: clock})
+	ctx := context.Background()
+	window := clock().UnixMilli() / win.Milliseconds()
+
+	// Each of the four spends its quarter of 90%, retrying denials as
+	// acknowledgements free its share.
+	var wg sync.WaitGroup
+	for _, x := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			for got := 0; got < spent/n; {
+				d, err := x.n.Allow(ctx, "api", "k")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					got++
+				} else {
+					<-tick.C
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, 5*time.Second, func() (bool, string) {
+		if d := usageDiff(ms, "api", "k"); d != "" {
+			return false, d
+		}
+		rep, _ := ms[0].n.Usage("api", "k")
+		return rep.Total == spent, fmt.Sprintf("members hold %d, want %d", rep.Total, spent)
+	})
+
+	var boot []*mesh.Mesh
+	for _, x := range ms {
+		boot = append(boot, x.m)
+	}
+	start := time.Now()
+	late := startMember(t, spec{rules: rules, clock: clock, bootstrap: boot})
+	joined := time.Since(start)
+	// 20 requests a millisecond for 2 s, the first burst at once.
+	var admitted uint64
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); <-tick.C {
+		for range 20 {
+			d, err := late.n.Allow(ctx, "api", "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+	}
+	if w := clock().UnixMilli() / win.Milliseconds(); w != window {
+		t.Fatalf("the window changed during the test (%d → %d)", window, w)
+	}
+	all := append(ms, late)
+	eventually(t, 5*time.Second, func() (bool, string) {
+		d := usageDiff(all, "api", "k")
+		return d == "", d
+	})
+	rep, _ := late.n.Usage("api", "k")
+	t.Logf("joined in %v; the late member admitted %d (remaining was %d, bound %d); the mesh holds %d of %d",
+		joined.Round(time.Millisecond), admitted, limit-spent, limit-spent+limit/50, rep.Total, limit)
+	if admitted > limit-spent+limit/50 {
+		t.Errorf("the late member admitted %d, over the remaining %d + 2%% of the limit", admitted, limit-spent)
+	}
+	if float64(rep.Total) > 1.02*limit {
+		t.Errorf("the mesh admitted %d in the window, over 1.02 × %d", rep.Total, limit)
+	}
+	if admitted == 0 {
+		t.Error("the late member admitted nothing of the remaining 10%")
+	}
+}
+
+// TestNodesAccuracy: five members, one key, a limit of 1000 per 1 s
+// window, 10× the limit offered for 5 s spread uniformly over the
+// members and over time. Every whole window, counted from the test's own
+// record of decisions, admits at least 0.95 × and at most 1.02 × the
+// limit. The figures are logged:
+//
+//	go test -run TestNodesAccuracy -v ./mesh/
+func TestNodesAccuracy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for seconds")
+	}
+	const (
+		n     = 5
+		limit = 1000
+	)
+	win := time.Second
+	rules := []limiter.Rule{fixedRule("api", limit, win)}
+	clock := time.Now
+	ms := startMembers(t, n, spec{rules: rules})
+	tl := newTally(win)
+	stop := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	from := clock()
+	for _, x := range ms {
+		wg.Add(1)
+		go func() { defer wg.Done(); offer(x.n, clock, "api", "hot", 10*limit/n, tl, stop, errs) }()
+	}
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	case <-time.After(5 * time.Second):
+	}
+	close(stop)
+	wg.Wait()
+	to := clock()
+	idx, adm := tl.windows(from, to)
+	if len(idx) < 4 {
+		t.Fatalf("only %d whole windows", len(idx))
+	}
+	tl.mu.Lock()
+	offered := make([]uint64, len(idx))
+	for i, w := range idx {
+		offered[i] = tl.offered[w]
+	}
+	tl.mu.Unlock()
+	for i, w := range idx {
+		ratio := float64(adm[i]) / limit
+		t.Logf("window %d: offered %d, admitted %d of %d (%.3f×)", w, offered[i], adm[i], limit, ratio)
+		if ratio > 1.02 || ratio < 0.95 {
+			t.Errorf("window %d: admitted %d, outside [0.95, 1.02] × %d", w, adm[i], limit)
+		}
+		if float64(offered[i]) < 8*limit {
+			t.Errorf("window %d: only %d offered; the load generator fell behind", w, offered[i])
+		}
+	}
+}
