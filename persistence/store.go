@@ -1,0 +1,723 @@
+package persistence
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	ds "github.com/ipfs/go-datastore"
+	"github.com/ipfs/go-datastore/query"
+	dssync "github.com/ipfs/go-datastore/sync"
+	pebbleds "github.com/ipfs/go-ds-pebble"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// Sentinel errors.
+var (
+	// ErrClosed is returned by every call on a closed Store.
+	ErrClosed = errors.New("persistence: store closed")
+	// ErrCorrupt wraps a record or directory the store cannot read.
+	ErrCorrupt = errors.New("persistence: corrupt data")
+	// ErrNotStore wraps a directory that holds something other than a
+	// ratemesh store.
+	ErrNotStore = errors.New("persistence: not a ratemesh store")
+)
+
+// StoreDir is the directory under the data directory where pebble keeps its
+// files; the data directory may hold other files beside it.
+const StoreDir = "store"
+
+// format is written into every new store and checked at Open.
+const format = "ratemesh-store-1"
+
+// The key layout. Window records sort by the mesh time from which they are
+// collected, so garbage collection reads only what it deletes.
+var (
+	keyFormat      = ds.RawKey("/meta/format")
+	keyIdentity    = ds.RawKey("/meta/identity")
+	keyIncarnation = ds.RawKey("/meta/incarnation")
+)
+
+const (
+	prefixWindows = "/w"
+	prefixLeases  = "/l"
+	recordVersion = 1
+)
+
+var b64 = base64.RawURLEncoding
+
+// Store is the node.Store on a go-datastore: pebble on disk (Open) or a map
+// in memory (NewMemory). It is safe for concurrent use; the node runtime
+// calls it from one goroutine at a time.
+type Store struct {
+	path    string // the pebble directory, "" in memory
+	d       ds.Batching
+	ordered bool // queries return keys in order (pebble)
+
+	mu         sync.Mutex
+	minCollect int64 // no window record collects before this (MinInt64: unknown)
+	closed     bool
+}
+
+var _ node.Store = (*Store)(nil)
+
+// NewMemory returns a Store on go-datastore's in-memory map, for tests: it
+// survives a node, not a process.
+func NewMemory() *Store {
+	s := &Store{d: dssync.MutexWrap(ds.NewMapDatastore()), minCollect: math.MinInt64}
+	_ = s.d.Put(context.Background(), keyFormat, []byte(format))
+	return s
+}
+
+// Open opens, or creates, the pebble store under dir (in dir/store). It
+// fails, with an error naming the path and the cause, when dir cannot be
+// created or is not a directory, on a permission error, when another
+// running member holds the store, when the store directory holds anything
+// but a ratemesh store, and when pebble cannot read it. It never panics.
+func Open(dir string) (*Store, error) {
+	if dir == "" {
+		return nil, errors.New("persistence: open: data directory not set")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("persistence: open %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, StoreDir)
+	if err := checkDir(path); err != nil {
+		return nil, err
+	}
+	var corrupt atomic.Pointer[pebble.DataCorruptionInfo]
+	d, err := openPebble(path, &corrupt)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{path: path, d: d, ordered: true, minCollect: math.MinInt64}
+	if err = s.checkFormat(); err == nil {
+		err = s.verify()
+	}
+	if info := corrupt.Load(); err == nil && info != nil {
+		err = fmt.Errorf("persistence: open %s: %w: %s: %v", path, ErrCorrupt, info.Path, info.Details)
+	}
+	if err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// checkDir refuses a store path that exists and is not a directory, or
+// holds files pebble would not have written.
+func checkDir(path string) error {
+	fi, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("persistence: open %s: %w", path, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("persistence: open %s: %w: not a directory", path, ErrNotStore)
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return fmt.Errorf("persistence: open %s: %w", path, err)
+	}
+	for _, e := range ents {
+		if !pebbleFile(e.Name()) {
+			return fmt.Errorf("persistence: open %s: %w: it holds %q, which pebble did not write", path, ErrNotStore, e.Name())
+		}
+	}
+	return nil
+}
+
+// pebbleFile reports whether name is a file pebble writes in its
+// directory.
+func pebbleFile(name string) bool {
+	switch {
+	case name == "LOCK", name == "CURRENT",
+		strings.HasPrefix(name, "MANIFEST-"), strings.HasPrefix(name, "OPTIONS-"),
+		strings.HasPrefix(name, "marker."), strings.HasPrefix(name, "temporary."),
+		strings.HasSuffix(name, ".sst"), strings.HasSuffix(name, ".log"),
+		strings.HasSuffix(name, ".blob"), strings.HasSuffix(name, ".dbtmp"),
+		name == "archive":
+		return true
+	}
+	return false
+}
+
+// openPebble opens pebble at path, turning a panic into an error.
+func openPebble(path string, corrupt *atomic.Pointer[pebble.DataCorruptionInfo]) (d *pebbleds.Datastore, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			d, err = nil, fmt.Errorf("persistence: open %s: %w: pebble: %v", path, ErrCorrupt, r)
+		}
+	}()
+	opts := &pebble.Options{Logger: quietLogger{path}}
+	// A corrupt table must fail the read that meets it, not the process
+	// (pebble's default listener calls Fatalf).
+	opts.EventListener = &pebble.EventListener{
+		DataCorruption: func(info pebble.DataCorruptionInfo) {
+			corrupt.CompareAndSwap(nil, &info)
+			quietLogger{path}.Errorf("data corruption in %s: %v", info.Path, info.Details)
+		},
+	}
+	d, err = pebbleds.NewDatastore(path, pebbleds.WithPebbleOpts(opts))
+	if err != nil {
+		cause := err
+		switch {
+		case strings.Contains(err.Error(), "lock held by current process"),
+			errors.Is(err, syscall.EAGAIN):
+			return nil, fmt.Errorf("persistence: open %s: locked by another running member (%w)", path, cause)
+		case errors.Is(err, os.ErrPermission):
+			return nil, fmt.Errorf("persistence: open %s: permission denied (%w)", path, cause)
+		}
+		return nil, fmt.Errorf("persistence: open %s: %w: %w", path, ErrCorrupt, cause)
+	}
+	return d, nil
+}
+
+// quietLogger keeps pebble's informational chatter out of the node's
+// output; its errors and fatal conditions name the store.
+type quietLogger struct{ path string }
+
+func (quietLogger) Infof(string, ...any) {}
+func (l quietLogger) Errorf(format string, args ...any) {
+	msg, _, _ := strings.Cut(fmt.Sprintf(format, args...), "\n") // not the error's stack
+	fmt.Fprintf(os.Stderr, "persistence %s: pebble: %s\n", l.path, msg)
+}
+func (l quietLogger) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf("persistence %s: pebble: %s", l.path, fmt.Sprintf(format, args...)))
+}
+
+// checkFormat writes the format marker into a new store and refuses a
+// store of another format, or a non-empty store without one.
+func (s *Store) checkFormat() error {
+	ctx := context.Background()
+	v, err := s.d.Get(ctx, keyFormat)
+	switch {
+	case errors.Is(err, ds.ErrNotFound):
+		res, err := s.d.Query(ctx, query.Query{KeysOnly: true, Limit: 1})
+		if err != nil {
+			return s.fail("open", err)
+		}
+		ents, err := res.Rest()
+		if err != nil {
+			return s.fail("open", err)
+		}
+		if len(ents) > 0 {
+			return fmt.Errorf("persistence: open %s: %w: it holds keys but no format marker", s.path, ErrNotStore)
+		}
+		if err := s.d.Put(ctx, keyFormat, []byte(format)); err != nil {
+			return s.fail("open", err)
+		}
+		return s.fail("open", s.d.Sync(ctx, ds.RawKey("/")))
+	case err != nil:
+		return s.fail("open", err)
+	case string(v) != format:
+		return fmt.Errorf("persistence: open %s: %w: format %q, this version reads %q", s.path, ErrNotStore, v, format)
+	}
+	return nil
+}
+
+// verify reads every record once, so a corrupt table (pebble checks every
+// block's checksum) or record fails Open rather than a later flush.
+func (s *Store) verify() error {
+	ctx := context.Background()
+	if _, err := s.LoadWindows(ctx); err != nil {
+		return fmt.Errorf("%w (open)", err)
+	}
+	if _, err := s.LoadLeases(ctx); err != nil {
+		return fmt.Errorf("%w (open)", err)
+	}
+	if _, err := s.LoadIncarnation(ctx); err != nil {
+		return fmt.Errorf("%w (open)", err)
+	}
+	_, err := s.LoadIdentity(ctx)
+	return err
+}
+
+// fail wraps err, if any, with the operation and the path.
+func (s *Store) fail(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	where := s.path
+	if where == "" {
+		where = "(memory)"
+	}
+	return fmt.Errorf("persistence %s: %s: %w", where, op, err)
+}
+
+// Path returns the pebble directory, or "" for a store in memory.
+func (s *Store) Path() string { return s.path }
+
+func (s *Store) begin() error {
+	if s.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// LoadIdentity implements node.Store: the marshalled private key saved, or
+// nil and no error on a fresh store. Turn it into a libp2p key with
+// crypto.UnmarshalPrivateKey.
+func (s *Store) LoadIdentity(ctx context.Context) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(); err != nil {
+		return nil, err
+	}
+	v, err := s.d.Get(ctx, keyIdentity)
+	if errors.Is(err, ds.ErrNotFound) {
+		return nil, nil
+	}
+	if err == nil && len(v) == 0 {
+		err = fmt.Errorf("%w: empty identity", ErrCorrupt)
+	}
+	return v, s.fail("load identity", err)
+}
+
+// SaveIdentity implements node.Store: it writes key (from
+// crypto.MarshalPrivateKey) and syncs.
+func (s *Store) SaveIdentity(ctx context.Context, key []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(); err != nil {
+		return err
+	}
+	if len(key) == 0 {
+		return s.fail("save identity", errors.New("empty key"))
+	}
+	if err := s.d.Put(ctx, keyIdentity, key); err != nil {
+		return s.fail("save identity", err)
+	}
+	return s.fail("save identity", s.d.Sync(ctx, keyIdentity))
+}
+
+// LoadIncarnation implements node.Store.
+func (s *Store) LoadIncarnation(ctx context.Context) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(); err != nil {
+		return 0, err
+	}
+	return s.incarnation(ctx)
+}
+
+func (s *Store) incarnation(ctx context.Context) (uint64, error) {
+	v, err := s.d.Get(ctx, keyIncarnation)
+	switch {
+	case errors.Is(err, ds.ErrNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, s.fail("load incarnation", err)
+	case len(v) != 8:
+		return 0, s.fail("load incarnation", fmt.Errorf("%w: %d bytes, want 8", ErrCorrupt, len(v)))
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+// SaveIncarnation implements node.Store: it never lowers the saved
+// incarnation, and syncs before it returns.
+func (s *Store) SaveIncarnation(ctx context.Context, inc uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(); err != nil {
+		return err
+	}
+	old, err := s.incarnation(ctx)
+	if err != nil {
+		return err
+	}
+	if inc <= old {
+		return nil
+	}
+	if err := s.d.Put(ctx, keyIncarnation, binary.BigEndian.AppendUint64(nil, inc)); err != nil {
+		return s.fail("save incarnation", err)
+	}
+	return s.fail("save incarnation", s.d.Sync(ctx, keyIncarnation))
+}
+
+// LoadWindows implements node.Store.
+func (s *Store) LoadWindows(ctx context.Context) ([]node.WindowRecord, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(); err != nil {
+		return nil, err
+	}
+	res, err := s.d.Query(ctx, query.Query{Prefix: prefixWindows})
+	if err != nil {
+		return nil, s.fail("load windows", err)
+	}
+	defer res.Close()
+	var out []node.WindowRecord
+	minCollect := int64(math.MaxInt64)
+	for {
+		e, ok := res.NextSync()
+		if !ok {
+			break
+		}
+		if e.Error != nil {
+			return nil, s.fail("load windows", e.Error)
+		}
+		r, err := decodeWindow(e.Key, e.Value)
+		if err != nil {
+			return nil, s.fail("load windows", err)
+		}
+		minCollect = min(minCollect, r.CollectAt())
+		out = append(out, r)
+	}
+	s.minCollect = minCollect
+	node.SortWindowRecords(out)
+	return out, nil
+}
+
+// LoadLeases implements node.Store.
+func (s *Store) LoadLeases(ctx context.Context) ([]node.Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(); err != nil {
+		return nil, err
+	}
+	res, err := s.d.Query(ctx, query.Query{Prefix: prefixLeases})
+	if err != nil {
+		return nil, s.fail("load leases", err)
+	}
+	ents, err := res.Rest()
+	if err != nil {
+		return nil, s.fail("load leases", err)
+	}
+	out := make([]node.Lease, 0, len(ents))
+	for _, e := range ents {
+		l, err := decodeLease(e.Key, e.Value)
+		if err != nil {
+			return nil, s.fail("load leases", err)
+		}
+		out = append(out, l)
+	}
+	sortLeases(out)
+	return out, nil
+}
+
+// Flush implements node.Store: one batch, then a sync. A flush that has
+// nothing to write and nothing to collect touches nothing.
+func (s *Store) Flush(ctx context.Context, f node.Flush) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(); err != nil {
+		return err
+	}
+	collect := f.CollectBeforeMs >= s.minCollect
+	if f.Empty() && !collect {
+		return nil
+	}
+	b, err := s.d.Batch(ctx)
+	if err != nil {
+		return s.fail("flush", err)
+	}
+	// The earliest collection time among the records written.
+	written := int64(math.MaxInt64)
+	if len(f.Windows) > 0 {
+		seen := make(map[ds.Key]int, len(f.Windows))
+		vals := make([][2]uint64, 0, len(f.Windows))
+		keys := make([]ds.Key, 0, len(f.Windows))
+		for _, r := range f.Windows {
+			if r.CollectAt() <= f.CollectBeforeMs {
+				continue // collected already
+			}
+			k := windowKey(r)
+			v := [2]uint64{r.Admitted, r.Attempted}
+			if i, ok := seen[k]; ok {
+				vals[i] = [2]uint64{max(vals[i][0], v[0]), max(vals[i][1], v[1])}
+				continue
+			}
+			old, err := s.d.Get(ctx, k)
+			switch {
+			case err == nil:
+				oa, ot, derr := decodeCounts(old)
+				if derr != nil {
+					return s.fail("flush", fmt.Errorf("record %s: %w", k, derr))
+				}
+				v = [2]uint64{max(v[0], oa), max(v[1], ot)}
+			case !errors.Is(err, ds.ErrNotFound):
+				return s.fail("flush", err)
+			}
+			seen[k] = len(vals)
+			vals, keys = append(vals, v), append(keys, k)
+			written = min(written, r.CollectAt())
+		}
+		for i, k := range keys {
+			if err := b.Put(ctx, k, encodeCounts(vals[i][0], vals[i][1])); err != nil {
+				return s.fail("flush", err)
+			}
+		}
+	}
+	for _, id := range f.Released {
+		if err := b.Delete(ctx, leaseKey(id)); err != nil {
+			return s.fail("flush", err)
+		}
+	}
+	for _, l := range f.Leases {
+		if err := b.Put(ctx, leaseKey(l.ID), encodeLease(l)); err != nil {
+			return s.fail("flush", err)
+		}
+	}
+	minCollect := s.minCollect
+	if collect {
+		next, err := s.collect(ctx, b, f.CollectBeforeMs)
+		if err != nil {
+			return err
+		}
+		minCollect = next
+	}
+	minCollect = min(minCollect, written)
+	if err := b.Commit(ctx); err != nil {
+		return s.fail("flush", err)
+	}
+	if err := s.d.Sync(ctx, ds.RawKey("/")); err != nil {
+		return s.fail("flush", err)
+	}
+	s.minCollect = minCollect
+	return nil
+}
+
+// collect deletes, in b, every window record collected at beforeMs, and
+// returns the earliest collection time of those left (MaxInt64 if none).
+func (s *Store) collect(ctx context.Context, b ds.Batch, beforeMs int64) (int64, error) {
+	res, err := s.d.Query(ctx, query.Query{Prefix: prefixWindows, KeysOnly: true})
+	if err != nil {
+		return 0, s.fail("collect", err)
+	}
+	defer res.Close()
+	next := int64(math.MaxInt64)
+	for {
+		e, ok := res.NextSync()
+		if !ok {
+			break
+		}
+		if e.Error != nil {
+			return 0, s.fail("collect", e.Error)
+		}
+		at, err := collectAtOf(e.Key)
+		if err != nil {
+			return 0, s.fail("collect", err)
+		}
+		if at > beforeMs {
+			next = min(next, at)
+			if s.ordered {
+				break // keys sort by collection time: nothing further is due
+			}
+			continue
+		}
+		if err := b.Delete(ctx, ds.RawKey(e.Key)); err != nil {
+			return 0, s.fail("collect", err)
+		}
+	}
+	return next, nil
+}
+
+// Close implements node.Store: it closes pebble (flushing its memtables).
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.fail("close", s.d.Close())
+}
+
+// windowKey is /w/<collectAt, 16 hex digits>/<identity, base64url>.
+func windowKey(r node.WindowRecord) ds.Key {
+	id := make([]byte, 0, 32+len(r.Rule)+len(r.Key)+len(r.Slot.Peer))
+	id = appendString(id, r.Rule)
+	id = appendString(id, r.Key)
+	id = binary.AppendVarint(id, r.WindowMs)
+	id = binary.AppendVarint(id, r.Window)
+	id = appendString(id, r.Slot.Peer)
+	id = binary.AppendUvarint(id, r.Slot.Incarnation)
+	at := uint64(max(r.CollectAt(), 0))
+	var sb strings.Builder
+	sb.Grow(20 + b64.EncodedLen(len(id)))
+	sb.WriteString(prefixWindows + "/")
+	hex := strconv.FormatUint(at, 16)
+	sb.WriteString(strings.Repeat("0", 16-len(hex)))
+	sb.WriteString(hex)
+	sb.WriteByte('/')
+	sb.WriteString(b64.EncodeToString(id))
+	return ds.RawKey(sb.String())
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func collectAtOf(key string) (int64, error) {
+	rest, ok := strings.CutPrefix(key, prefixWindows+"/")
+	if !ok || len(rest) < 17 || rest[16] != '/' {
+		return 0, fmt.Errorf("%w: window key %q", ErrCorrupt, key)
+	}
+	at, err := strconv.ParseUint(rest[:16], 16, 64)
+	if err != nil || at > math.MaxInt64 {
+		return 0, fmt.Errorf("%w: window key %q", ErrCorrupt, key)
+	}
+	return int64(at), nil
+}
+
+// decodeWindow decodes one window record, strictly: every byte must be
+// accounted for, and the key's collection time must match its identity.
+func decodeWindow(key string, val []byte) (node.WindowRecord, error) {
+	bad := func(what string) (node.WindowRecord, error) {
+		return node.WindowRecord{}, fmt.Errorf("%w: window record %q: %s", ErrCorrupt, key, what)
+	}
+	at, err := collectAtOf(key)
+	if err != nil {
+		return node.WindowRecord{}, err
+	}
+	id, err := b64.DecodeString(key[len(prefixWindows)+18:])
+	if err != nil {
+		return bad("identity is not base64url")
+	}
+	var r node.WindowRecord
+	d := decoder{b: id}
+	r.Rule, r.Key = d.str(limitRule), d.str(limitKey)
+	r.WindowMs, r.Window = d.varint(), d.varint()
+	r.Slot.Peer, r.Slot.Incarnation = d.str(crdt.MaxPeerLen), d.uvarint()
+	if d.err != nil || len(d.b) != 0 {
+		return bad("malformed identity")
+	}
+	if r.WindowMs <= 0 || r.Rule == "" || r.Key == "" || r.Slot.Peer == "" || uint64(max(r.CollectAt(), 0)) != uint64(at) {
+		return bad("identity out of range")
+	}
+	if r.Admitted, r.Attempted, err = decodeCounts(val); err != nil {
+		return bad(err.Error())
+	}
+	return r, nil
+}
+
+const (
+	limitRule = 1 << 10
+	limitKey  = 1 << 10
+)
+
+func encodeCounts(admitted, attempted uint64) []byte {
+	b := []byte{recordVersion}
+	b = binary.AppendUvarint(b, admitted)
+	return binary.AppendUvarint(b, attempted)
+}
+
+func decodeCounts(v []byte) (admitted, attempted uint64, err error) {
+	if len(v) == 0 || v[0] != recordVersion {
+		return 0, 0, fmt.Errorf("%w: counts of an unknown version", ErrCorrupt)
+	}
+	d := decoder{b: v[1:]}
+	admitted, attempted = d.uvarint(), d.uvarint()
+	if d.err != nil || len(d.b) != 0 {
+		return 0, 0, fmt.Errorf("%w: malformed counts", ErrCorrupt)
+	}
+	return admitted, attempted, nil
+}
+
+// leaseKey is /l/<lease ID, base64url>.
+func leaseKey(id string) ds.Key {
+	return ds.RawKey(prefixLeases + "/" + b64.EncodeToString([]byte(id)))
+}
+
+func encodeLease(l node.Lease) []byte {
+	b := []byte{recordVersion}
+	b = appendString(b, l.Rule)
+	b = appendString(b, l.Key)
+	return binary.AppendVarint(b, l.Expires.UnixNano())
+}
+
+func decodeLease(key string, v []byte) (node.Lease, error) {
+	bad := func(what string) (node.Lease, error) {
+		return node.Lease{}, fmt.Errorf("%w: lease record %q: %s", ErrCorrupt, key, what)
+	}
+	rest, ok := strings.CutPrefix(key, prefixLeases+"/")
+	if !ok {
+		return bad("bad key")
+	}
+	id, err := b64.DecodeString(rest)
+	if err != nil || len(id) == 0 {
+		return bad("ID is not base64url")
+	}
+	if len(v) == 0 || v[0] != recordVersion {
+		return bad("unknown version")
+	}
+	d := decoder{b: v[1:]}
+	l := node.Lease{ID: string(id), Rule: d.str(limitRule), Key: d.str(limitKey)}
+	ns := d.varint()
+	if d.err != nil || len(d.b) != 0 || l.Rule == "" || l.Key == "" {
+		return bad("malformed value")
+	}
+	l.Expires = time.Unix(0, ns)
+	return l, nil
+}
+
+func sortLeases(ls []node.Lease) {
+	sort.Slice(ls, func(i, j int) bool { return ls[i].ID < ls[j].ID })
+}
+
+// decoder reads length-prefixed fields, remembering the first error.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+var errShort = errors.New("short or malformed field")
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = errShort
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.err = errShort
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) str(limit int) string {
+	n := d.uvarint()
+	if d.err != nil {
+		return ""
+	}
+	if n > uint64(limit) || n > uint64(len(d.b)) {
+		d.err = errShort
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
