@@ -1,8 +1,17 @@
 // Command ratemesh is the ratemesh CLI. Each subcommand has its own flag
-// set; this version implements sim, and serve, demo, check, peers and
-// bench follow.
+// set.
 //
+//	ratemesh serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT]
+//	               [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE]
+//	ratemesh demo [--duration D] [--limit N] [--json]
 //	ratemesh sim --scenario FILE [--seed N] [--out DIR] [--json]
+//	ratemesh check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]
+//	ratemesh peers --api ADDR [--json]
+//	ratemesh peers evict PEER_ID --api ADDR
+//	ratemesh bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--json]
+//
+// ADDR is HOST:PORT or a URL. With --json, stdout carries only the JSON;
+// progress and logs go to stderr.
 package main
 
 import (
@@ -29,7 +38,11 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"serve", serveUsage, runServe},
+		{"demo", "demo [--duration D] [--limit N] [--json]", runDemo},
 		{"sim", "sim --scenario FILE [--seed N] [--out DIR] [--json]", runSim},
+		{"check", "check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]", runCheck},
+		{"peers", "peers --api ADDR [--json] | peers evict PEER_ID --api ADDR", runPeers},
+		{"bench", "bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--json]", runBench},
 	}
 }
 

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/ratemesh/ratemesh/httpapi"
+)
+
+// This file holds what the API clients (check, peers, bench) share: the
+// --api address, a keep-alive HTTP client, and JSON calls that turn a 4xx or
+// 5xx answer into an error carrying the server's message.
+
+// apiBase turns an --api value, HOST:PORT or a URL, into the base URL the
+// paths of DESIGN.md's API are appended to.
+func apiBase(addr string) (string, error) {
+	addr = strings.TrimSpace(addr)
+	if addr == "" {
+		return "", errors.New("--api: required (HOST:PORT or a URL)")
+	}
+	if strings.Contains(addr, "://") {
+		u, err := url.Parse(addr)
+		if err != nil {
+			return "", fmt.Errorf("--api %q: %v", addr, err)
+		}
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return "", fmt.Errorf("--api %q: scheme must be http or https", addr)
+		}
+		if u.Host == "" {
+			return "", fmt.Errorf("--api %q: no host", addr)
+		}
+		if u.RawQuery != "" || u.Fragment != "" {
+			return "", fmt.Errorf("--api %q: a base URL takes no query or fragment", addr)
+		}
+		return strings.TrimRight(u.Scheme+"://"+u.Host+u.Path, "/"), nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("--api %q: want HOST:PORT or a URL: %v", addr, err)
+	}
+	if port == "" {
+		return "", fmt.Errorf("--api %q: no port", addr)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port), nil
+}
+
+// newHTTPClient returns a keep-alive client that keeps up to conns idle
+// connections per host, so conns concurrent callers never redial.
+func newHTTPClient(conns int, timeout time.Duration) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = max(conns, 2) * 4
+	tr.MaxIdleConnsPerHost = max(conns, 2)
+	tr.MaxConnsPerHost = 0
+	tr.Proxy = nil // the API is local; an HTTP proxy from the environment would only get in the way
+	return &http.Client{Transport: tr, Timeout: timeout}
+}
+
+// apiClient calls one node's API.
+type apiClient struct {
+	base string
+	http *http.Client
+}
+
+// apiStatusError is a 4xx or 5xx answer.
+type apiStatusError struct {
+	Status int
+	Msg    string
+	Owner  string
+}
+
+func (e *apiStatusError) Error() string {
+	msg := e.Msg
+	if msg == "" {
+		msg = http.StatusText(e.Status)
+	}
+	if e.Owner != "" {
+		msg += " (owner " + e.Owner + ")"
+	}
+	return fmt.Sprintf("HTTP %d: %s", e.Status, msg)
+}
+
+// call sends body (JSON-encoded unless nil) with method to path and decodes
+// a 2xx answer into out (unless nil).
+func (c *apiClient) call(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		e := &apiStatusError{Status: resp.StatusCode}
+		var er httpapi.ErrorResponse
+		if json.Unmarshal(data, &er) == nil && er.Error != "" {
+			e.Msg, e.Owner = er.Error, er.Owner
+		} else {
+			e.Msg = strings.TrimSpace(string(data))
+		}
+		return e
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: the answer is not the expected JSON: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// parseInterspersed parses fset's flags wherever they stand among args and
+// returns the positional arguments in order, so that both
+// `peers evict ID --api X` and `peers --api X evict ID` work.
+func parseInterspersed(fset *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fset.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fset.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if rest[0] == "--" {
+			return append(pos, rest[1:]...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// writeJSON prints v as indented JSON: the only thing --json puts on stdout.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// flagUsage returns a flag.ErrHelp-aware exit code for a parse error.
+func flagExit(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	return 2
+}
