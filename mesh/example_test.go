@@ -21,7 +21,7 @@ import (
 // (mesh.LoadPSK).
 func Example() {
 	ctx := context.Background()
-	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 3, Window: time.Hour}}
+	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 100, Window: time.Hour}}
 	start := func(bootstrap ...string) (*node.Node, *mesh.Mesh) {
 		key, _, err := crypto.GenerateEd25519Key(nil)
 		if err != nil {
@@ -58,10 +58,10 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("b joined and sees", rep.Total, "of 3 used")
+	fmt.Println("b joined and sees", rep.Total, "of 100 used")
 	d, _ := b.Allow(ctx, "api", "acct:42")
-	fmt.Println("b admits the third:", d.Allowed)
+	fmt.Println("b admits one more:", d.Allowed)
 	// Output:
-	// b joined and sees 2 of 3 used
-	// b admits the third: true
+	// b joined and sees 2 of 100 used
+	// b admits one more: true
 }

@@ -92,6 +92,11 @@ func TestNodesRejectForgedGossip(t *testing.T) {
 	eventually(t, 5*time.Second, func() (bool, string) {
 		return slices.Contains(topic.ListPeers(), a.m.Host().ID()), "the raw peer does not see member 0 on the topic"
 	})
+	// Gossipsub may not forward a message from a peer before it has
+	// grafted it (seen in probes): wait for the graft, as for any member.
+	eventually(t, 5*time.Second, func() (bool, string) {
+		return slices.Contains(a.m.MeshPeers(), h.ID().String()), "member 0 has not grafted the raw peer"
+	})
 	raw := crdt.Slot{Peer: h.ID().String(), Incarnation: uint64(clock().UnixMilli())}
 	victimSlot := crdt.Slot{Peer: victim.m.PeerID(), Incarnation: victim.n.Incarnation()}
 	publish := func(b *crdt.Batch) {
