@@ -17,24 +17,22 @@ import (
 	"github.com/ratemesh/ratemesh/node/memnet"
 )
 
-// aligned returns a clock at real speed shifted so that it reads into past
-// the start of a window of length w right now: the test knows the reset time
-// without waiting for a boundary.
-func aligned(w, into time.Duration) func() time.Time {
-	now := time.Now()
-	wn := w.Nanoseconds()
-	off := time.Duration(wn - now.UnixNano()%wn + into.Nanoseconds())
-	return func() time.Time { return time.Now().Add(off) }
+// frozenAt returns a clock stopped into past the start of a window of
+// length w: header values that depend on the time are then exact.
+func frozenAt(w, into time.Duration) func() time.Time {
+	now := time.Now().UnixNano()
+	t := time.Unix(0, now-now%w.Nanoseconds()).Add(w + into) // windows align to the Unix epoch
+	return func() time.Time { return t }
 }
 
 // startNode starts a real node alone on a memnet hub with rules, its clock
-// 2.1 s into a 10 s window, closed when the test ends.
+// stopped 2.1 s into a 10 s window, closed when the test ends.
 func startNode(t *testing.T, rules ...limiter.Rule) *node.Node {
 	t.Helper()
 	cfg := node.DefaultConfig()
 	cfg.Peer, cfg.Rules, cfg.Transport = "a", rules, memnet.NewHub().Transport("a")
 	cfg.Seed = 1
-	cfg.Clock = aligned(10*time.Second, 2100*time.Millisecond)
+	cfg.Clock = frozenAt(10*time.Second, 2100*time.Millisecond)
 	n, err := node.Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
