@@ -186,7 +186,11 @@ func TestNodesPartitionStrict(t *testing.T) {
 	}
 	block(true)
 	healed := clock()
-	eventually(t, time.Second, func() (bool, string) {
+	bound := time.Second
+	if raceEnabled {
+		bound = 3 * time.Second // reconnecting (handshake, identify, anti-entropy) under the race detector
+	}
+	eventually(t, bound, func() (bool, string) {
 		if d := usageDiff(ms, "hour", "both-sides"); d != "" {
 			return false, "after the heal: " + d
 		}
