@@ -34,13 +34,13 @@ const (
 )
 
 // demoWindow is one window's outcome: admitted per node (counted from the
-// decisions), their sum, and the merged total node 1 saw just before the
-// window ended.
+// decisions), their sum, and the merged total node 1 saw 30 ms before the
+// window ended (absent when the sample came too late, on a loaded machine).
 type demoWindow struct {
 	Window   int64    `json:"window"`
 	Admitted []uint64 `json:"admitted"`
 	Total    uint64   `json:"total"`
-	Merged   uint64   `json:"merged"`
+	Merged   *uint64  `json:"merged,omitempty"`
 	Members  int      `json:"members"`
 	Full     bool     `json:"full"`
 }
@@ -274,6 +274,7 @@ func demo(ctx context.Context, duration time.Duration, limit uint64, table, logs
 	for i, id := range c.ids {
 		fmt.Fprintf(table, "  n%d  %s\n", i+1, id)
 	}
+	fmt.Fprintln(table, "per window: admitted by each node, their total, the total as n1 sees it merged 30 ms before the window ends")
 	fmt.Fprintln(table)
 
 	tctx, stop := context.WithTimeout(ctx, duration)
@@ -309,9 +310,11 @@ func demo(ctx context.Context, duration time.Duration, limit uint64, table, logs
 		if !sleepUntil(ctx, winEnd.Add(-30*time.Millisecond)) {
 			break
 		}
-		var merged uint64
+		var merged *uint64
+		mergedCell := "-"
 		if rep, err := c.nodes[0].Usage(demoRule, demoKey); err == nil && rep.Window == idx {
-			merged = rep.Total
+			merged = &rep.Total
+			mergedCell = fmt.Sprint(rep.Total)
 		}
 		members := c.alive(c.nodes[0])
 		// … and once it has ended, the decisions counted in it.
@@ -333,7 +336,7 @@ func demo(ctx context.Context, duration time.Duration, limit uint64, table, logs
 		if !row.Full {
 			mark = "  (partial window)"
 		}
-		fmt.Fprintf(table, "%s%s%s%s  %d alive%s\n", line, cell(row.Total), cell(merged), cell(limit), members, mark)
+		fmt.Fprintf(table, "%s%s%s%s  %d alive%s\n", line, cell(row.Total), cell(mergedCell), cell(limit), members, mark)
 		if winEnd.UnixMilli() >= endMs {
 			break
 		}
