@@ -43,21 +43,23 @@ type proc struct {
 	client *http.Client
 }
 
+// lockedBuffer collects a process's stderr while the test reads it. It
+// has only Write (no ReadFrom), so exec's copy goes through the lock.
 type lockedBuffer struct {
-	mu sync.Mutex
-	bytes.Buffer
+	mu  sync.Mutex
+	buf bytes.Buffer
 }
 
 func (b *lockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.Buffer.Write(p)
+	return b.buf.Write(p)
 }
 
 func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.Buffer.String()
+	return b.buf.String()
 }
 
 // startServe starts `ratemesh serve args...` and waits for its ready line.
