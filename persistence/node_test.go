@@ -140,12 +140,12 @@ func helperMain(mode string) error {
 	if b := os.Getenv("HELPER_BOOTSTRAP"); b != "" {
 		boot = []string{b}
 	}
-	n, _, err := startMeshNode(ctx, st, priv, boot, off)
+	n, m, err := startMeshNode(ctx, st, priv, boot, off)
 	if err != nil {
 		return err
 	}
 	out := bufio.NewWriter(os.Stdout)
-	fmt.Fprintf(out, "ready %s %d\n", n.Peers()[0].Peer, n.Incarnation())
+	fmt.Fprintf(out, "ready %s %d\n", m.PeerID(), n.Incarnation())
 	out.Flush()
 	switch mode {
 	case "traffic":
