@@ -70,10 +70,12 @@ type benchReport struct {
 	Keys        int           `json:"keys"`
 	Concurrency int           `json:"concurrency"`
 	WindowMs    int64         `json:"window_ms"`
+	Rounds      int           `json:"rounds"`
 	Healthz     *benchPhase   `json:"healthz,omitempty"`
 	Allow       benchPhase    `json:"allow"`
 	Ratio       float64       `json:"ratio_allow_to_healthz,omitempty"`
 	Windows     []benchWindow `json:"windows"`
+	FullWindows int           `json:"full_windows"`
 	// Held: no key admitted more than its limit in any full window.
 	Held bool `json:"held"`
 }
@@ -109,6 +111,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	conc := fset.Int("concurrency", 32, "requests in flight (one keep-alive connection each)")
 	duration := fset.Duration("duration", 10*time.Second, "how long the /v1/allow phase runs")
 	baseline := fset.Duration("baseline", -1, "how long the /healthz reference phase runs first (default: --duration; 0 skips it)")
+	rounds := fset.Int("rounds", 5, "alternate the /healthz and /v1/allow phases this many times, in equal slices, so that other load on the machine weighs on both alike (fewer when a slice would hold less than two windows)")
 	prefix := fset.String("key-prefix", "bench:", "prefix of the generated keys")
 	asJSON := fset.Bool("json", false, "print only the JSON report on stdout")
 	if err := fset.Parse(args); err != nil {
@@ -131,6 +134,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		return bad(fmt.Sprintf("--concurrency %d: must be between 1 and 10000", *conc))
 	case *duration <= 0:
 		return bad(fmt.Sprintf("--duration %v: must be positive", *duration))
+	case *rounds < 1 || *rounds > 1000:
+		return bad(fmt.Sprintf("--rounds %d: must be between 1 and 1000", *rounds))
 	case len(*prefix)+len(fmt.Sprint(*keys)) > 256:
 		return bad("--key-prefix: too long for a 256-byte key")
 	}
@@ -147,7 +152,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	}
 	rep, err := bench(context.Background(), benchConfig{
 		bases: bases, rule: *rule, keys: *keys, conc: *conc,
-		duration: *duration, baseline: *baseline, prefix: *prefix, progress: stderr,
+		duration: *duration, baseline: *baseline, rounds: *rounds, prefix: *prefix, progress: stderr,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "ratemesh bench: %v\n", err)
@@ -171,7 +176,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 type benchConfig struct {
 	bases              []string
 	rule               string
-	keys, conc         int
+	keys, conc, rounds int
 	duration, baseline time.Duration
 	prefix             string
 	progress           io.Writer
@@ -218,24 +223,7 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 		}
 		return w.do(req, nil)
 	}
-	// Warm up: open every connection and let the server's code settle.
-	fmt.Fprintf(cfg.progress, "bench: warming up %d connections …\n", cfg.conc)
-	runBenchPhase(workers, 500*time.Millisecond, healthz)
-	if cfg.baseline > 0 {
-		fmt.Fprintf(cfg.progress, "bench: GET /healthz for %v …\n", cfg.baseline)
-		p := runBenchPhase(workers, cfg.baseline, healthz)
-		p.Path = "/healthz"
-		rep.Healthz = &p
-		if p.Requests == 0 {
-			return nil, fmt.Errorf("/healthz: no request succeeded: %s", p.FirstErr)
-		}
-	}
-
-	winMs := rep.WindowMs
-	for _, w := range workers {
-		w.counts, w.limits = map[keyWindow]uint64{}, map[int]uint64{}
-	}
-	allow := func(w *benchWorker) error {
+	allowOp := func(w *benchWorker) error {
 		k := w.rng.IntN(cfg.keys)
 		req, err := http.NewRequestWithContext(ctx, "POST", w.base+"/v1/allow", bytes.NewReader(bodies[k]))
 		if err != nil {
@@ -250,7 +238,7 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 		if r.Allowed {
 			w.allowed++
 			// The window the node decided in ends ResetAfter from now.
-			end := int64(math.Round(float64(sent.UnixMilli()+r.ResetAfterMs) / float64(winMs)))
+			end := int64(math.Round(float64(sent.UnixMilli()+r.ResetAfterMs) / float64(rep.WindowMs)))
 			w.counts[keyWindow{k, end - 1}]++
 		} else {
 			w.denied++
@@ -258,11 +246,40 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 		w.limits[k] = r.Limit
 		return nil
 	}
-	fmt.Fprintf(cfg.progress, "bench: POST /v1/allow, rule %q, %d keys, for %v …\n", cfg.rule, cfg.keys, cfg.duration)
-	start := time.Now()
-	rep.Allow = runBenchPhase(workers, cfg.duration, allow)
-	end := start.Add(cfg.duration)
-	rep.Allow.Path = "/v1/allow"
+	for _, w := range workers {
+		w.counts, w.limits = map[keyWindow]uint64{}, map[int]uint64{}
+	}
+
+	// Warm up: open every connection and let the server's code settle.
+	fmt.Fprintf(cfg.progress, "bench: warming up %d connections …\n", cfg.conc)
+	runBenchPhase(workers, 500*time.Millisecond, healthz, &phaseAcc{})
+
+	// Alternate the phases in slices; each allow slice holds at least two
+	// windows so that at least one full window is judged.
+	window := time.Duration(rep.WindowMs) * time.Millisecond
+	rounds := max(1, min(cfg.rounds, int(cfg.duration/(2*window))))
+	rep.Rounds = rounds
+	var hz, al phaseAcc
+	var spans [][2]time.Time
+	for r := range rounds {
+		if cfg.baseline > 0 {
+			fmt.Fprintf(cfg.progress, "bench: round %d/%d: GET /healthz for %v …\n", r+1, rounds, cfg.baseline/time.Duration(rounds))
+			runBenchPhase(workers, cfg.baseline/time.Duration(rounds), healthz, &hz)
+		}
+		d := cfg.duration / time.Duration(rounds)
+		fmt.Fprintf(cfg.progress, "bench: round %d/%d: POST /v1/allow, rule %q, %d keys, for %v …\n", r+1, rounds, cfg.rule, cfg.keys, d)
+		start := time.Now()
+		runBenchPhase(workers, d, allowOp, &al)
+		spans = append(spans, [2]time.Time{start, start.Add(d)})
+	}
+	if cfg.baseline > 0 {
+		p := hz.result("/healthz")
+		rep.Healthz = &p
+		if p.Requests == 0 {
+			return nil, fmt.Errorf("/healthz: no request succeeded: %s", p.FirstErr)
+		}
+	}
+	rep.Allow = al.result("/v1/allow")
 	for _, w := range workers {
 		rep.Allow.Allowed += w.allowed
 		rep.Allow.Denied += w.denied
@@ -270,19 +287,22 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 	if rep.Healthz != nil && rep.Healthz.PerSecond > 0 {
 		rep.Ratio = rep.Allow.PerSecond / rep.Healthz.PerSecond
 	}
-	rep.Windows = benchWindows(workers, winMs, start, end)
+	rep.Windows = benchWindows(workers, rep.WindowMs, spans)
 	for _, bw := range rep.Windows {
-		if bw.Full && bw.KeysOverCap > 0 {
-			rep.Held = false
+		if bw.Full {
+			rep.FullWindows++
+			if bw.KeysOverCap > 0 {
+				rep.Held = false
+			}
 		}
 	}
 	return rep, nil
 }
 
 // benchWindows sums the workers' admissions per window: over all keys, and
-// the busiest key against its limit. Only windows wholly inside [start,
-// end) are full.
-func benchWindows(workers []*benchWorker, winMs int64, start, end time.Time) []benchWindow {
+// the busiest key against its limit. Only windows wholly inside one of the
+// allow phase's spans are full.
+func benchWindows(workers []*benchWorker, winMs int64, spans [][2]time.Time) []benchWindow {
 	type acc struct {
 		bw   benchWindow
 		keys map[int]uint64
@@ -303,11 +323,17 @@ func benchWindows(workers []*benchWorker, winMs int64, start, end time.Time) []b
 			a.bw.Admitted += n
 		}
 	}
-	firstFull := start.UnixMilli()/winMs + 1
-	lastFull := end.UnixMilli()/winMs - 1
+	full := func(idx int64) bool {
+		for _, sp := range spans {
+			if idx >= sp[0].UnixMilli()/winMs+1 && idx <= sp[1].UnixMilli()/winMs-1 {
+				return true
+			}
+		}
+		return false
+	}
 	out := make([]benchWindow, 0, len(byWin))
 	for idx, a := range byWin {
-		a.bw.Full = idx >= firstFull && idx <= lastFull
+		a.bw.Full = full(idx)
 		a.bw.Keys = len(a.keys)
 		for k, n := range a.keys {
 			if n > a.bw.MaxPerKey {
@@ -345,9 +371,17 @@ func (w *benchWorker) do(req *http.Request, out any) error {
 	return nil
 }
 
-// runBenchPhase runs op on every worker in a loop for d and returns the
-// throughput and latency of the calls that succeeded.
-func runBenchPhase(workers []*benchWorker, d time.Duration, op func(*benchWorker) error) benchPhase {
+// phaseAcc gathers one phase's calls over its rounds.
+type phaseAcc struct {
+	lat      []time.Duration
+	n, errs  uint64
+	firstErr string
+	elapsed  time.Duration
+}
+
+// runBenchPhase runs op on every worker in a loop for d and adds the calls
+// to acc.
+func runBenchPhase(workers []*benchWorker, d time.Duration, op func(*benchWorker) error, acc *phaseAcc) {
 	for _, w := range workers {
 		w.lat, w.n, w.errs, w.err = w.lat[:0], 0, 0, nil
 	}
@@ -374,23 +408,27 @@ func runBenchPhase(workers []*benchWorker, d time.Duration, op func(*benchWorker
 		})
 	}
 	wg.Wait()
-	el := time.Since(start)
-	var p benchPhase
-	var all []time.Duration
+	acc.elapsed += time.Since(start)
 	for _, w := range workers {
-		p.Requests += w.n
-		p.Errors += w.errs
-		if w.err != nil && p.FirstErr == "" {
-			p.FirstErr = w.err.Error()
+		acc.n += w.n
+		acc.errs += w.errs
+		if w.err != nil && acc.firstErr == "" {
+			acc.firstErr = w.err.Error()
 		}
-		all = append(all, w.lat...)
+		acc.lat = append(acc.lat, w.lat...)
 	}
-	p.Seconds = el.Seconds()
-	p.PerSecond = float64(p.Requests) / el.Seconds()
-	if len(all) > 0 {
-		slices.Sort(all)
-		p.P50Ms = ms(all[len(all)*50/100])
-		p.P99Ms = ms(all[min(len(all)-1, len(all)*99/100)])
+}
+
+// result returns the phase's throughput and latency percentiles.
+func (a *phaseAcc) result(path string) benchPhase {
+	p := benchPhase{Path: path, Requests: a.n, Errors: a.errs, FirstErr: a.firstErr, Seconds: a.elapsed.Seconds()}
+	if a.elapsed > 0 {
+		p.PerSecond = float64(a.n) / a.elapsed.Seconds()
+	}
+	if len(a.lat) > 0 {
+		slices.Sort(a.lat)
+		p.P50Ms = ms(a.lat[len(a.lat)*50/100])
+		p.P99Ms = ms(a.lat[min(len(a.lat)-1, len(a.lat)*99/100)])
 	}
 	return p
 }
@@ -398,8 +436,8 @@ func runBenchPhase(workers []*benchWorker, d time.Duration, op func(*benchWorker
 func ms(d time.Duration) float64 { return math.Round(float64(d.Microseconds())) / 1000 }
 
 func (r *benchReport) writeText(w io.Writer) {
-	fmt.Fprintf(w, "bench: %d node(s), rule %q (window %v), %d keys, concurrency %d\n",
-		len(r.APIs), r.Rule, time.Duration(r.WindowMs)*time.Millisecond, r.Keys, r.Concurrency)
+	fmt.Fprintf(w, "bench: %d node(s), rule %q (window %v), %d keys, concurrency %d, %d round(s)\n",
+		len(r.APIs), r.Rule, time.Duration(r.WindowMs)*time.Millisecond, r.Keys, r.Concurrency, r.Rounds)
 	fmt.Fprintf(w, "%-10s %10s %12s %9s %9s %8s\n", "phase", "requests", "per second", "p50 ms", "p99 ms", "errors")
 	row := func(p benchPhase) {
 		fmt.Fprintf(w, "%-10s %10d %12.0f %9.3f %9.3f %8d\n", strings.TrimPrefix(p.Path, "/v1"), p.Requests, p.PerSecond, p.P50Ms, p.P99Ms, p.Errors)
@@ -424,9 +462,12 @@ func (r *benchReport) writeText(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  %-14d %10d %8d %12d %8d %10d%s\n", bw.Window, bw.Admitted, bw.Keys, bw.MaxPerKey, bw.Limit, bw.KeysOverCap, mark)
 	}
-	if r.Held {
-		fmt.Fprintln(w, "limit held: no key admitted more than its limit in a full window")
-	} else {
+	switch {
+	case r.FullWindows == 0:
+		fmt.Fprintln(w, "no full window to judge the limit by: run longer")
+	case r.Held:
+		fmt.Fprintf(w, "limit held: no key admitted more than its limit in %d full window(s)\n", r.FullWindows)
+	default:
 		fmt.Fprintln(w, "limit NOT held: some key admitted more than its limit in a full window")
 	}
 }

@@ -239,7 +239,7 @@ func TestBench(t *testing.T) {
 	// (on a loaded machine a key may fall short; the busiest never does).
 	_, addrS := apiNode(t, memnet.NewHub(), "s", false)
 	rep, errOut := benchJSON("--api", addrS, "--rule", "fast", "--keys", "5",
-		"--concurrency", "4", "--duration", "2100ms", "--baseline", "300ms")
+		"--concurrency", "4", "--duration", "4200ms", "--baseline", "400ms", "--rounds", "2")
 	if rep.Healthz == nil || rep.Healthz.Requests == 0 || rep.Healthz.Errors != 0 || rep.Healthz.P50Ms <= 0 {
 		t.Errorf("healthz phase: %+v", rep.Healthz)
 	}
@@ -264,8 +264,9 @@ func TestBench(t *testing.T) {
 			}
 		}
 	}
-	if admitted != al.Allowed || full < 1 {
-		t.Errorf("windows admit %d in %d full windows, the phase %d", admitted, full, al.Allowed)
+	if admitted != al.Allowed || full < 2 || full != rep.FullWindows || rep.Rounds != 2 {
+		t.Errorf("windows admit %d in %d full windows, the phase %d; report %d full windows in %d rounds",
+			admitted, full, al.Allowed, rep.FullWindows, rep.Rounds)
 	}
 	if !strings.Contains(errOut, "POST /v1/allow") {
 		t.Errorf("progress should go to stderr: %q", errOut)
@@ -292,7 +293,7 @@ func TestBench(t *testing.T) {
 
 	// The text report.
 	code, out, _ := runCLI("bench", "--api", addrA, "--rule", "api", "--keys", "5", "--concurrency", "2", "--duration", "200ms", "--baseline", "100ms")
-	for _, want := range []string{"/healthz", "/allow", "per second", "p99 ms", "÷", "limit held"} {
+	for _, want := range []string{"/healthz", "/allow", "per second", "p99 ms", "÷", "no full window"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("text report lacks %q (exit %d):\n%s", want, code, out)
 		}
@@ -309,6 +310,7 @@ func TestBench(t *testing.T) {
 		{[]string{"bench", "--api", addrA, "--concurrency", "0"}, 2, "--concurrency"},
 		{[]string{"bench", "--api", addrA, "--duration", "0s"}, 2, "--duration"},
 		{[]string{"bench", "--api", "nohost"}, 2, "--api"},
+		{[]string{"bench", "--api", addrA, "--rounds", "0"}, 2, "--rounds"},
 	} {
 		if code, out, errOut := runCLI(c.args...); code != c.code || out != "" || !strings.Contains(errOut, c.want) {
 			t.Errorf("%q: %d %q %q; want %d naming %s", c.args, code, out, errOut, c.code, c.want)
