@@ -28,6 +28,7 @@ import (
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
+	"github.com/ratemesh/ratemesh/persistence"
 )
 
 const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE]"
@@ -145,13 +146,19 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 	if err != nil {
 		return err
 	}
+	store, err := persistence.Open(cfg.Node.DataDir)
+	if err != nil {
+		_ = m.Close()
+		return fmt.Errorf("node.data_dir: %w", err)
+	}
 	ncfg := cfg.NodeConfig(node.DefaultConfig())
-	ncfg.Peer, ncfg.Transport, ncfg.Logger = m.PeerID(), m, log.With("component", "node")
+	ncfg.Peer, ncfg.Transport, ncfg.Store, ncfg.Logger = m.PeerID(), m, store, log.With("component", "node")
 
 	// The API listens before the node has joined, so /healthz can say so.
 	ln, err := net.Listen("tcp", cfg.Node.API)
 	if err != nil {
 		_ = m.Close()
+		_ = store.Close()
 		return fmt.Errorf("node.api: %w", err)
 	}
 	if host, _, err := net.SplitHostPort(ln.Addr().String()); err == nil {
@@ -173,6 +180,8 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 	n, err := node.Start(ctx, ncfg)
 	if err != nil {
 		shutdownHTTP()
+		_ = m.Close()     // idempotent: Start closes it only if it started it
+		_ = store.Close() // a failed Start leaves the store to us
 		if ctx.Err() != nil {
 			log.Info("interrupted while joining")
 			return nil

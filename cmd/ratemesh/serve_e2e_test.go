@@ -468,6 +468,29 @@ func TestServeReloadAndRefusals(t *testing.T) {
 		s := p.stderr.String()
 		return strings.Contains(s, `rules[1] \"b\": limit: must be at least 1 (keeping the running version)`), s
 	})
+
+	// SIGTERM flushes to the data dir; a restart on it keeps a's hour
+	// window (persist_min_window 1m) under a new incarnation.
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if err != nil {
+			t.Fatalf("SIGTERM: exit %v, want 0", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("SIGTERM: still running after 15 s")
+	}
+	write("rules:\n  - {name: a, algorithm: fixed_window, limit: 8, window: 1h}\n")
+	p2 := startServe(t, bin, "--config", cfgPath, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", filepath.Join(dir, "d"))
+	if p2.ready.PeerID != p.ready.PeerID {
+		t.Fatalf("peer ID changed across a restart: %s, then %s", p.ready.PeerID, p2.ready.PeerID)
+	}
+	if status, err := p2.post("/v1/allow", `{"rule":"a","key":"k","cost":0}`, &ar); err != nil || status != 200 || ar.Remaining != 5 {
+		t.Fatalf("a after a restart: %d %v %+v, want remaining 5 from the disk", status, err, ar)
+	}
 }
 
 func grepLines(s, sub string) string {
