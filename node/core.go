@@ -133,6 +133,8 @@ type Core struct {
 
 	started      time.Time
 	joined       bool
+	stateFrom    map[string]bool // joining: peers whose full state has arrived
+	expecting    map[string]bool // joining: connected peers whose full state is awaited
 	lastSent     time.Time
 	nextSync     time.Time
 	nextRepair   time.Time
@@ -654,7 +656,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	}
 	m.lastHeard = now
 	m.rulesHash = b.RulesHash
-	m.clockMs, m.hasClock = b.Clock-now.UnixMilli(), true
+	m.clockSample(b.Clock-now.UnixMilli(), now.UnixMilli(), c.clockEpochMs())
 	if b.Has(crdt.FlagLeaving) {
 		c.setState(m, Left)
 	} else if m.state != Alive && m.state != Left {
@@ -682,9 +684,39 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 		c.needAck = true
 	}
 	if full && b.Has(crdt.FlagLast) && !c.joined {
-		c.joined, c.becameJoined = true, true
+		c.stateArrived(b.From.Peer)
 	}
 	return nil
+}
+
+// ExpectState tells a joining member that a connection to peer is up, so
+// peer's full state is on its way (the runtime answers every connection
+// with its full state): the member stays joining until the full state of
+// every peer it expects has arrived, not only the first, so a joiner
+// connected to several members does not decide on one member's view.
+// join_timeout still bounds the wait. After joining it does nothing.
+func (c *Core) ExpectState(peer string) {
+	if c.joined || peer == c.self.Peer || c.stateFrom[peer] {
+		return
+	}
+	if c.expecting == nil {
+		c.expecting = make(map[string]bool)
+	}
+	c.expecting[peer] = true
+}
+
+// stateArrived records a peer's complete full state while joining, and
+// joins once no expected full state is outstanding.
+func (c *Core) stateArrived(peer string) {
+	if c.stateFrom == nil {
+		c.stateFrom = make(map[string]bool)
+	}
+	c.stateFrom[peer] = true
+	delete(c.expecting, peer)
+	if len(c.expecting) == 0 {
+		c.joined, c.becameJoined = true, true
+		c.stateFrom, c.expecting = nil, nil
+	}
 }
 
 // track follows a member's gossip sequence: gaps become nacks, and the
@@ -873,6 +905,7 @@ func (c *Core) Tick(now time.Time) Ready {
 	c.expireLeases(now)
 	if !c.joined && now.Sub(c.started) >= c.cfg.JoinTimeout {
 		c.joined, c.becameJoined, c.timedOut = true, true, true
+		c.stateFrom, c.expecting = nil, nil
 	}
 	if !now.Before(c.nextSync) {
 		c.nextSync = now.Add(c.cfg.SyncInterval)
@@ -925,6 +958,10 @@ func (c *Core) updateMembers(now time.Time) {
 // updateOffset estimates the clock offset to the mesh: the median of the
 // live members' raw clock offsets and our own (0), so every member
 // converges on the mesh's median clock.
+// clockEpochMs is the epoch of the members' clock estimates: four
+// heartbeats, so every epoch holds several samples even from idle members.
+func (c *Core) clockEpochMs() int64 { return max(4*c.cfg.Heartbeat.Milliseconds(), 1) }
+
 func (c *Core) updateOffset() {
 	c.samples = append(c.samples[:0], 0)
 	for _, m := range c.order {

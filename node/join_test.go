@@ -167,3 +167,48 @@ func TestCoreJoinerHitMidWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestCoreJoinWaitsForEveryExpectedState checks that a joiner told of two
+// connections stays joining until both peers' full states have arrived:
+// deciding on the first member's view alone would let it spend what the
+// second member already used.
+func TestCoreJoinWaitsForEveryExpectedState(t *testing.T) {
+	const seed = 37
+	reportSeed(t, seed)
+	rule := apiRule(limiter.FixedWindow, 100)
+	a := newCore(t, "a", seed, t0, rule, nil)
+	b := newCore(t, "b", seed+1, t0, rule, nil)
+	j := newCore(t, "j", seed+2, t0, rule, func(c *node.CoreConfig) { c.Join, c.JoinTimeout = true, 3*time.Second })
+	for range 60 {
+		if _, err := b.Allow(t0, "api", "k", limiter.Request{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j.ExpectState("a")
+	j.ExpectState("b")
+	now := t0.Add(10 * time.Millisecond)
+	for _, bt := range a.FullState(now) {
+		if err := j.Step(now, bt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if j.Ready() {
+		t.Fatal("ready after a's full state while b's is still expected")
+	}
+	j.ExpectState("a") // a repeated connection of a peer already heard: nothing to wait for
+	for _, bt := range b.FullState(now) {
+		if err := j.Step(now, bt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !j.Ready() {
+		t.Fatal("not ready after every expected full state arrived")
+	}
+	rep, err := j.Usage(now, "api", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Total != 60 {
+		t.Errorf("joiner sees %d used, want b's 60", rep.Total)
+	}
+}

@@ -68,8 +68,41 @@ type member struct {
 	entrySent int64  // Sent of the latest gossip batch with entries merged
 	ackW      int64  // the member's latest acknowledgement watermark
 	gaps      []uint64
-	clockMs   int64 // raw clock sample: their Clock − our raw clock at receipt
+	clockMs   int64 // raw clock offset estimate: the least-delayed recent sample (see clockSample)
 	hasClock  bool
+
+	// The windowed maximum behind clockMs: the largest sample of the
+	// current clock epoch and of the one before it.
+	clockCur, clockPrev int64
+	clockEpoch          int64
+	hasPrev             bool
+}
+
+// clockSample records one raw clock sample (their Clock − our raw clock at
+// receipt, in ms) taken at our raw time nowMs, with epochs of epochMs.
+//
+// A sample is the true offset minus the batch's one-way delay, so a single
+// sample runs behind by however long the batch queued; on a loaded host
+// that is hundreds of milliseconds, and members whose estimates differ by
+// their queueing open windows apart. The least-delayed sample is the best
+// estimate, so clockMs is the largest sample of the last one to two epochs:
+// a slow batch never drags it down, and a real change of the peer's clock
+// shows within two epochs.
+func (m *member) clockSample(sample, nowMs, epochMs int64) {
+	e := nowMs / epochMs
+	switch {
+	case !m.hasClock:
+		m.clockCur, m.clockEpoch, m.hasPrev = sample, e, false
+	case e == m.clockEpoch:
+		m.clockCur = max(m.clockCur, sample)
+	default:
+		m.clockPrev, m.hasPrev = m.clockCur, e == m.clockEpoch+1
+		m.clockCur, m.clockEpoch = sample, e
+	}
+	m.clockMs, m.hasClock = m.clockCur, true
+	if m.hasPrev {
+		m.clockMs = max(m.clockCur, m.clockPrev)
+	}
 }
 
 func (m *member) live() bool { return m.state == Alive || m.state == Suspect }

@@ -247,6 +247,13 @@ func (h handler) HandleBatch(in Inbound) {
 }
 
 func (h handler) PeerConnected(peer string) {
+	// While joining, the peer's full state is awaited from now on (it
+	// answers the connection as we do), before the answer is even queued.
+	h.n.mu.Lock()
+	if !h.n.closed {
+		h.n.core.ExpectState(peer)
+	}
+	h.n.mu.Unlock()
 	select {
 	case h.n.connects <- peer:
 	case <-h.n.quit:
