@@ -158,16 +158,15 @@ func TestNodesAccuracy(t *testing.T) {
 	for i, w := range idx {
 		ratio := float64(adm[i]) / limit
 		t.Logf("window %d: offered %d, admitted %d of %d (%.3f×)", w, offered[i], adm[i], limit, ratio)
-		if raceEnabled {
-			// Under the race detector on a loaded machine, deliveries take
-			// 100–300 ms and the core's mesh-clock estimate, which counts
-			// one-way delay as clock offset, misaligns the members' windows
-			// by up to ~100 ms (logged above): true windows then see up to
-			// ±5%. The figures are the only without -race.
-			continue
+		if ratio > 1.02 {
+			t.Errorf("window %d: admitted %d, over 1.02 × %d", w, adm[i], limit)
 		}
-		if ratio > 1.02 || ratio < 0.95 {
-			t.Errorf("window %d: admitted %d, outside [0.95, 1.02] × %d", w, adm[i], limit)
+		if ratio < 0.95 && !raceEnabled {
+			// Under the race detector on a loaded machine deliveries take
+			// 100–300 ms, acknowledgements return late and a member's
+			// share stays small for longer: utilisation is the issue's
+			// only without -race. The upper bound holds either way.
+			t.Errorf("window %d: admitted %d, under 0.95 × %d", w, adm[i], limit)
 		}
 		if float64(offered[i]) < 8*limit && !raceEnabled {
 			t.Errorf("window %d: only %d offered; the load generator fell behind", w, offered[i])
