@@ -346,7 +346,32 @@ func (m *Mesh) Publish(ctx context.Context, b *crdt.Batch) error {
 	}
 	m.st.published.Add(1)
 	m.st.publishedBytes.Add(uint64(len(data)))
+	if b.Has(crdt.FlagLeaving) {
+		m.sendLeave(ctx, b)
+	}
 	return nil
+}
+
+// sendLeave also hands a leave announcement to every connected peer over
+// the sync stream, and returns once each has read it or ctx ends.
+// Gossipsub queues a publish and sends it later, and a member that leaves
+// closes its host right after publishing: the gossip copy is mostly lost
+// with the connections, and the others would see the member go silent
+// (suspect, then dead or evicted) instead of leaving. The direct copy is
+// read before Close goes on; a receiver merges whichever copy comes second
+// as a duplicate.
+func (m *Mesh) sendLeave(ctx context.Context, b *crdt.Batch) {
+	var wg sync.WaitGroup
+	for _, p := range m.Peers() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.SendDirect(ctx, p, []*crdt.Batch{b}); err != nil {
+				m.log.Debug("leave: direct copy not delivered", "peer", p, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func (m *Mesh) liveTopic() (*pubsub.Topic, error) {
