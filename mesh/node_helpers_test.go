@@ -225,7 +225,23 @@ func newTally(w time.Duration) *tally {
 }
 
 func (t *tally) add(at time.Time, admitted bool) {
-	w := at.UnixMilli() / t.winMs
+	t.addWindow(at.UnixMilli()/t.winMs, admitted)
+}
+
+// addDecision records d, decided by a member after the clock read at (on
+// that member's clock), in the member's own window — the mesh-time window
+// the decision counted in, which the member tells by d.ResetAfter: at +
+// ResetAfter lands on the window's end, give or take the member's mesh
+// offset and how long the decision waited for the member's lock (both far
+// under half a window). Stamping decisions with at alone misplaces those
+// that wait across a boundary (under the race detector, for tens of ms)
+// and reads as overshoot of a window the mesh never let happen.
+func (t *tally) addDecision(at time.Time, d node.Decision) {
+	end := (at.UnixMilli() + d.ResetAfter.Milliseconds() + t.winMs/2) / t.winMs
+	t.addWindow(end-1, d.Allowed)
+}
+
+func (t *tally) addWindow(w int64, admitted bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.offered[w]++
@@ -259,7 +275,7 @@ func (t *tally) windows(from, to time.Time) (idx []int64, admitted []uint64) {
 
 // offer sends rate requests per second of (rule, key) to n until stop
 // closes, spread uniformly (as many as are due every millisecond), and
-// records each decision in tl at the clock's reading. Errors go to errs.
+// records each decision in tl in the window it counted in (addDecision). Errors go to errs.
 func offer(n *node.Node, clock func() time.Time, rule, key string, rate float64, tl *tally, stop <-chan struct{}, errs chan<- error) {
 	ctx := context.Background()
 	start := time.Now()
@@ -283,7 +299,7 @@ func offer(n *node.Node, clock func() time.Time, rule, key string, rate float64,
 				}
 				return
 			}
-			tl.add(at, d.Allowed)
+			tl.addDecision(at, d)
 		}
 	}
 }
