@@ -51,6 +51,14 @@ type Config struct {
 	Clock func() time.Time
 	// LeaveTimeout bounds how long Close spends publishing the leave.
 	LeaveTimeout time.Duration
+	// StartJoining makes Start return as soon as the transport is up,
+	// without waiting for the join: until it is ready the node answers
+	// every decision with a denial of reason ReasonJoining whose
+	// RetryAfter is the time left of JoinTimeout (DESIGN's joining rule),
+	// and Ready reports false; ReadyC tells when it turns ready. A daemon
+	// uses it to serve its API, /healthz saying "joining", during the
+	// join. By default Start waits until the node is ready.
+	StartJoining bool
 }
 
 // DefaultConfig returns the defaults of DESIGN.md's config file (see
@@ -164,8 +172,9 @@ type Node struct {
 
 // Start starts a member: it takes the incarnation max(persisted + 1, unix
 // ms) and saves it durably before serving, starts the transport, and
-// returns once the member is ready — at once without Join, otherwise after
-// its first anti-entropy exchange or JoinTimeout, whichever comes first.
+// returns once the member is ready — at once without Join, otherwise once
+// the full state of every peer it connected to has arrived, or after
+// JoinTimeout, whichever comes first (with Config.StartJoining, at once).
 //
 // ctx bounds the start only; Close stops the node. If ctx ends before the
 // member is ready, Start leaves the mesh again and returns ctx's error. A
@@ -225,6 +234,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	n.mu.Unlock()
 	go n.run()
 	go n.persistLoop()
+	if cfg.StartJoining {
+		return n, nil
+	}
 	select {
 	case <-n.readyCh:
 		return n, nil
@@ -466,6 +478,10 @@ func (n *Node) shutdown(closeStore bool) error {
 // Ready reports whether the member has joined and decides requests (a
 // joining member denies them with ReasonJoining).
 func (n *Node) Ready() bool { return n.ready.Load() }
+
+// ReadyC returns a channel closed once the node is ready (at once unless
+// Config.StartJoining let Start return before).
+func (n *Node) ReadyC() <-chan struct{} { return n.readyCh }
 
 // Allow decides one request of rule for key now and, unless it is a peek,
 // counts it. opts may set Cost, Type and Class. A denial is a Decision

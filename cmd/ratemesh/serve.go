@@ -153,6 +153,10 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 	}
 	ncfg := cfg.NodeConfig(node.DefaultConfig())
 	ncfg.Peer, ncfg.Transport, ncfg.Store, ncfg.Logger = m.PeerID(), m, store, log.With("component", "node")
+	// The API serves during the join: /healthz answers 503 "joining" and
+	// decisions are denied with retry_after = the time left of
+	// join_timeout (DESIGN, Decision: joining).
+	ncfg.StartJoining = true
 
 	// The API listens before the node has joined, so /healthz can say so.
 	ln, err := net.Listen("tcp", cfg.Node.API)
@@ -196,6 +200,16 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 	}
 	front.h.Store(api)
 
+	select {
+	case <-n.ReadyC():
+	case <-ctx.Done():
+		log.Info("interrupted while joining")
+		shutdownHTTP()
+		if err := n.Close(); err != nil {
+			log.Warn("close", "err", err)
+		}
+		return nil
+	}
 	line, _ := json.Marshal(ReadyLine{API: ln.Addr().String(), PeerID: m.PeerID(), Addrs: m.Addrs()})
 	if _, err := fmt.Fprintf(stdout, "%s\n", line); err != nil {
 		log.Warn("write ready line", "err", err)
@@ -290,8 +304,9 @@ func watchRules(ctx context.Context, n *node.Node, log *slog.Logger) {
 	}
 }
 
-// frontHandler serves the API once the node is up; before, /healthz says
-// joining and everything else 503.
+// frontHandler serves the API once the node has started (the API itself
+// says "joining" until the node is ready); before, while the store and
+// the transport start, /healthz says joining and everything else 503.
 type frontHandler struct {
 	h atomic.Pointer[httpapi.Server]
 }
