@@ -131,6 +131,9 @@ type Core struct {
 	offsetMs  int64
 	samples   []int64
 
+	lastRule string           // the rule of the latest decision, and
+	lastLim  *limiter.Limiter // its limiter; nil when SetRules replaced them
+
 	started      time.Time
 	joined       bool
 	stateFrom    map[string]bool // joining: peers whose full state has arrived
@@ -261,10 +264,16 @@ func (c *Core) env(now time.Time) limiter.Env {
 }
 
 func (c *Core) limiter(rule string) (*limiter.Limiter, error) {
+	// Requests mostly name the rule of the request before: compare the
+	// name before hashing it (SetRules clears the cache).
+	if c.lastLim != nil && rule == c.lastRule {
+		return c.lastLim, nil
+	}
 	l, ok := c.limiters[rule]
 	if !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownRule, rule)
 	}
+	c.lastRule, c.lastLim = rule, l
 	return l, nil
 }
 
@@ -276,17 +285,19 @@ func (c *Core) Allow(now time.Time, rule, key string, req limiter.Request) (limi
 	if err != nil {
 		return limiter.Decision{}, err
 	}
-	ch, err := l.Resolve(key, req)
-	if err != nil {
-		return limiter.Decision{}, err
-	}
 	env := c.env(now)
 	if !c.joined {
+		ch, err := l.Resolve(key, req)
+		if err != nil {
+			return limiter.Decision{}, err
+		}
 		return c.joining(l, ch, now, env), nil
 	}
-	d := l.Decide(ch, env)
-	if d.Reason != limiter.ReasonKeyCap {
-		l.Record(ch, d.Allowed, env.NowMs)
+	// Limiter.Allow resolves, decides and records in one pass, finding
+	// the key's window once.
+	d, err := l.Allow(key, req, env)
+	if err != nil {
+		return limiter.Decision{}, err
 	}
 	c.count(d)
 	return d, nil

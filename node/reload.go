@@ -49,6 +49,7 @@ func (c *Core) SetRules(rules []limiter.Rule) error {
 		c.release(ls) // through the old limiter, which still holds the counter
 	}
 	c.limiters = next
+	c.lastRule, c.lastLim = "", nil
 	c.cfg.Rules = normalised
 	c.rulesHash = limiter.HashRules(normalised)
 	return nil
