@@ -966,13 +966,14 @@ func (c *Core) updateMembers(now time.Time) {
 	}
 }
 
+// clockEpochMs is the epoch of the members' clock estimates: one
+// heartbeat, so every epoch holds a sample even from idle members, and a
+// peer's clock stepping back shows within two heartbeats.
+func (c *Core) clockEpochMs() int64 { return max(c.cfg.Heartbeat.Milliseconds(), 1) }
+
 // updateOffset estimates the clock offset to the mesh: the median of the
 // live members' raw clock offsets and our own (0), so every member
 // converges on the mesh's median clock.
-// clockEpochMs is the epoch of the members' clock estimates: four
-// heartbeats, so every epoch holds several samples even from idle members.
-func (c *Core) clockEpochMs() int64 { return max(4*c.cfg.Heartbeat.Milliseconds(), 1) }
-
 func (c *Core) updateOffset() {
 	c.samples = append(c.samples[:0], 0)
 	for _, m := range c.order {
