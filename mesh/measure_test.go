@@ -96,33 +96,7 @@ func TestPropagationFigures(t *testing.T) {
 	ctx := context.Background()
 
 	// Raw gossipsub on the same routers: another topic, no validator.
-	rawLat := &latencies{}
-	rawTopics := make([]*pubsub.Topic, n)
-	for i, m := range ms {
-		tp, err := m.ps.Join("/ratemesh-bench/raw")
-		if err != nil {
-			t.Fatal(err)
-		}
-		sub, err := tp.Subscribe(pubsub.WithBufferSize(1024))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rawTopics[i] = tp
-		self := m.Host().ID()
-		go func() {
-			for {
-				msg, err := sub.Next(m.ctx)
-				if err != nil {
-					return
-				}
-				if msg.GetFrom() == self {
-					continue
-				}
-				sent := int64(binary.BigEndian.Uint64(msg.Data[:8]))
-				rawLat.add(time.Since(time.Unix(0, sent)), string(msg.Data[8:]))
-			}
-		}()
-	}
+	rawLat, rawTopics := joinRaw(t, ms, nil)
 
 	mk := func(i int, key string) *crdt.Batch {
 		b := batch(ms[i].PeerID(), 1, key, 1)
@@ -243,4 +217,45 @@ func TestBytesPerEntry(t *testing.T) {
 			t.Errorf("%d bytes per entry at 100 entries: the header should amortise away", len(data)/entries)
 		}
 	}
+}
+
+// joinRaw joins every mesh's router to a plain gossipsub topic (no
+// validator), the reference the figures compare with: it records the
+// latency of every message another member published there, unless skip
+// says to leave its key out. A message's data is its send time (8 bytes,
+// unix ns) followed by its key.
+func joinRaw(t *testing.T, ms []*Mesh, skip func(key string) bool) (*latencies, []*pubsub.Topic) {
+	t.Helper()
+	lat := &latencies{}
+	topics := make([]*pubsub.Topic, len(ms))
+	for i, m := range ms {
+		tp, err := m.ps.Join("/ratemesh-bench/raw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub, err := tp.Subscribe(pubsub.WithBufferSize(1024))
+		if err != nil {
+			t.Fatal(err)
+		}
+		topics[i] = tp
+		self := m.Host().ID()
+		go func() {
+			for {
+				msg, err := sub.Next(m.ctx)
+				if err != nil {
+					return
+				}
+				if msg.GetFrom() == self {
+					continue
+				}
+				sent := int64(binary.BigEndian.Uint64(msg.Data[:8]))
+				key := string(msg.Data[8:])
+				if skip != nil && skip(key) {
+					continue
+				}
+				lat.add(time.Since(time.Unix(0, sent)), key)
+			}
+		}()
+	}
+	return lat, topics
 }

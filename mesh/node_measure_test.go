@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	pubsub "github.com/libp2p/go-libp2p-pubsub"
 
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
@@ -120,37 +119,10 @@ func TestNodePropagationFigures(t *testing.T) {
 	ctx := context.Background()
 
 	// Raw gossipsub on the same routers: another topic, no validator.
-	rawLat := &latencies{}
 	var measuring atomic.Bool // from phase 1 on, warm-up stragglers are not measured
-	rawTopics := make([]*pubsub.Topic, n)
-	for i, m := range ms {
-		tp, err := m.ps.Join("/ratemesh-bench/raw")
-		if err != nil {
-			t.Fatal(err)
-		}
-		sub, err := tp.Subscribe(pubsub.WithBufferSize(1024))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rawTopics[i] = tp
-		self := m.Host().ID()
-		go func() {
-			for {
-				msg, err := sub.Next(m.ctx)
-				if err != nil {
-					return
-				}
-				if msg.GetFrom() == self {
-					continue
-				}
-				sent := int64(binary.BigEndian.Uint64(msg.Data[:8]))
-				if measuring.Load() && strings.HasPrefix(string(msg.Data[8:]), "warm-") {
-					continue
-				}
-				rawLat.add(time.Since(time.Unix(0, sent)), string(msg.Data[8:]))
-			}
-		}()
-	}
+	rawLat, rawTopics := joinRaw(t, ms, func(key string) bool {
+		return measuring.Load() && strings.HasPrefix(key, "warm-")
+	})
 	rawMsg := func(key string) []byte {
 		var hdr [8]byte
 		binary.BigEndian.PutUint64(hdr[:], uint64(time.Now().UnixNano()))
