@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
