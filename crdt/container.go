@@ -45,6 +45,9 @@ type Series struct {
 
 	rule        *RuleSet
 	leasesDirty bool
+	// last is the window Window last found or created: merges and
+	// decisions mostly hit the current window again. Collect clears it.
+	last *Window
 }
 
 // Rule returns the rule set the series belongs to.
@@ -52,8 +55,13 @@ func (s *Series) Rule() *RuleSet { return s.rule }
 
 // Window returns the window (windowMs, index), or nil.
 func (s *Series) Window(windowMs, index int64) *Window {
-	for _, w := range s.Windows {
-		if w.WindowMs == windowMs && w.Index == index {
+	if w := s.last; w != nil && w.WindowMs == windowMs && w.Index == index {
+		return w
+	}
+	// Newest first: Windows ascends, and the current window is the last.
+	for i := len(s.Windows) - 1; i >= 0; i-- {
+		if w := s.Windows[i]; w.WindowMs == windowMs && w.Index == index {
+			s.last = w
 			return w
 		}
 	}
@@ -77,6 +85,7 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 	s.Windows = append(s.Windows, nil)
 	copy(s.Windows[i+1:], s.Windows[i:])
 	s.Windows[i] = w
+	s.last = w
 	return w
 }
 
@@ -203,6 +212,7 @@ func (c *Container) Collect(nowMs int64) int {
 				s.Windows[i] = nil
 			}
 			s.Windows = kept
+			s.last = nil
 			if len(s.Windows) == 0 && s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0 && !s.leasesDirty {
 				delete(r.keys, key)
 			}

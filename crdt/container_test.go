@@ -327,3 +327,37 @@ func TestCollect(t *testing.T) {
 		t.Errorf("Len = %d, %d; want 0, 3", api.Len(), conc.Len())
 	}
 }
+
+// TestWindowLookupAfterCollect checks that a window Collect dropped is
+// never found again (Series remembers the window it last found), and that
+// lookups find every live window whichever was found last.
+func TestWindowLookupAfterCollect(t *testing.T) {
+	c := crdt.NewContainer()
+	s := c.Rule("r").Ensure("k")
+	w0 := s.EnsureWindow(1000, 0)
+	w1 := s.EnsureWindow(1000, 1)
+	h0 := s.EnsureWindow(60_000, 0)
+	for range 2 {
+		for _, want := range []*crdt.Window{w0, w1, h0, w1, w0} {
+			if got := s.Window(want.WindowMs, want.Index); got != want {
+				t.Fatalf("Window(%d, %d) = %p, want %p", want.WindowMs, want.Index, got, want)
+			}
+		}
+	}
+	if got := s.Window(1000, 2); got != nil {
+		t.Fatalf("Window(1000, 2) = %+v, want nil", got)
+	}
+	s.Window(1000, 0) // remembered last
+	if n := c.Collect(2000); n != 1 {
+		t.Fatalf("Collect(2000) dropped %d windows, want 1 (window 0 of 1 s)", n)
+	}
+	if got := s.Window(1000, 0); got != nil {
+		t.Fatalf("Window(1000, 0) after Collect = %p, want nil", got)
+	}
+	if got := s.EnsureWindow(1000, 0); got == w0 || got.Admitted.Value() != 0 {
+		t.Fatalf("EnsureWindow(1000, 0) after Collect returned the collected window")
+	}
+	if got := s.Window(1000, 1); got != w1 {
+		t.Fatalf("Window(1000, 1) = %p, want %p", got, w1)
+	}
+}

@@ -521,3 +521,64 @@ func TestDeltaApplication(t *testing.T) {
 		}
 	})
 }
+
+// TestGCounterRepresentations drives counters through every representation
+// a GCounter switches between — a sorted slice, a dense 32-bit array, a
+// dense 64-bit array once a value needs it, a grown array, and back to the
+// sorted slice when a far SlotID would make the array too sparse — and
+// checks the whole state against the reference after every Raise, and the
+// merge laws across counters in different representations.
+func TestGCounterRepresentations(t *testing.T) {
+	forSeeds(t, func(t *testing.T, r *rand.Rand) {
+		gen := func() []gop {
+			// Dense IDs, then occasionally a far one; values mostly small,
+			// sometimes past 32 bits.
+			span := []int{20, 64, 300, 1200}[r.IntN(4)]
+			ops := make([]gop, 1+r.IntN(400))
+			for i := range ops {
+				id := r.IntN(span)
+				if r.IntN(50) == 0 {
+					id = span*(2+r.IntN(200)) + r.IntN(span)
+				}
+				ops[i].id = crdt.SlotID(id)
+				switch p := r.IntN(60); {
+				case p == 0:
+					ops[i].v = 0
+				case p == 1:
+					ops[i].v = 1<<32 - 1 + r.Uint64N(3)
+				case p == 2:
+					ops[i].v = math.MaxUint64 - r.Uint64N(4)
+				default:
+					ops[i].v = r.Uint64N(1000)
+				}
+			}
+			return ops
+		}
+		aOps, bOps := gen(), gen()
+		g := new(crdt.GCounter)
+		ref := make(refG)
+		for i, op := range aOps {
+			want := ref.raise(op.id, op.v)
+			if got := g.Raise(op.id, op.v); got != want {
+				t.Fatalf("op %d: Raise(%d, %d) = %v, reference says %v", i, op.id, op.v, got, want)
+			}
+			sameAs(t, fmt.Sprintf("after op %d", i), g, ref)
+			if got, want := g.Len(), len(stateOf(g)); got != want {
+				t.Fatalf("after op %d: Len %d, %d slots", i, got, want)
+			}
+		}
+		b, bRef := build(t, bOps)
+		ab := maps.Clone(ref)
+		ab.merge(bRef)
+		x, _ := build(t, aOps)
+		x.Merge(b)
+		sameAs(t, "a⊔b", x, ab)
+		b.Merge(g)
+		sameAs(t, "b⊔a", b, ab)
+		b.Merge(x)
+		sameAs(t, "(b⊔a)⊔(a⊔b)", b, ab)
+		if got, want := b.Len(), len(stateOf(b)); got != want {
+			t.Fatalf("merged: Len %d, %d slots", got, want)
+		}
+	})
+}

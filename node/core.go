@@ -828,6 +828,7 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
 	raised := 0
 	var lastRule string
 	var set *crdt.RuleSet
+	var sc slotCache
 	for i := range b.Windows {
 		e := &b.Windows[i]
 		if e.Rule != lastRule || set == nil {
@@ -848,7 +849,7 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
 			c.stats.DroppedFuture++
 			continue
 		}
-		id := c.entrySlot(b, e.Slot)
+		id := c.slotOf(b, e.Slot, &sc)
 		if id == c.selfID {
 			continue // our own values come only from us
 		}
@@ -870,7 +871,7 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
 			c.stats.DroppedStale++
 			continue
 		}
-		id := c.entrySlot(b, e.Slot)
+		id := c.slotOf(b, e.Slot, &sc)
 		if id == c.selfID {
 			continue
 		}

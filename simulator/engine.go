@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
@@ -32,7 +33,8 @@ type Options struct {
 	// 1). It changes the wall time only, never the result.
 	Workers int
 
-	parallelMin int // tests lower it to exercise the parallel path
+	parallelMin int  // tests lower it to exercise the parallel path
+	eager       bool // tests: step every delivery when it happens
 }
 
 type simNode struct {
@@ -56,9 +58,37 @@ type inMsg struct {
 	from int32
 }
 
-// parallelMin is the number of deliveries in one millisecond from which
-// Workers > 1 steps receivers in parallel.
+// pendMsg is one batch delivered to a receiver that has not stepped it
+// yet: the receiver's local clock at delivery, and the virtual ms.
+type pendMsg struct {
+	b     *crdt.Batch
+	nowNs int64 // local clock at delivery, in ns since epoch
+	at    int64 // virtual ms of the delivery
+}
+
+// stepError is a Step that failed, with the virtual ms of its delivery
+// (a receiver steps its deliveries later than they happen; see sim.work).
+type stepError struct {
+	at  int64
+	err error
+}
+
+func (e *stepError) Error() string { return e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+// parallelMin is the number of pending deliveries in one millisecond from
+// which Workers > 1 steps receivers in parallel.
 const parallelMin = 512
+
+// allowCall is one request of the current millisecond, drawn by generate
+// and decided by its node in sim.work.
+type allowCall struct {
+	ws      *workloadState
+	ra      *ruleAcc
+	k, gk   int
+	node    int
+	allowed bool
+}
 
 type simEvent struct {
 	at   int64
@@ -123,9 +153,19 @@ type sim struct {
 	loss    float64
 
 	inbox       [][][]inMsg // [ms slot][receiver]
+	pending     [][]pendMsg // per receiver: delivered, not stepped yet
+	nPending    int
+	calls       []allowCall
+	due         []int32      // nodes whose Tick is due now, in upList order
+	readies     []node.Ready // per node: the Ready of its Tick this ms
+	jobs        []int32      // nodes stepped this ms
+	jobCalls    [][]int32    // per node: its calls this ms, in order
+	isJob       []bool       // per node: listed in jobs
+	isDue       []bool       // per node: listed in due
 	mask        int64
 	workers     int
 	parallelMin int
+	eager       bool
 	events      eventQueue
 	evSeq       int
 	rules       []*ruleAcc
@@ -154,9 +194,16 @@ func Run(sc *Scenario, opt Options) (*Result, error) {
 		return nil, err
 	}
 	nextReport := s.durMs / 10
+	fail := func(err error) error {
+		at := s.now
+		if se := (*stepError)(nil); errors.As(err, &se) {
+			at = se.at
+		}
+		return fmt.Errorf("simulator: scenario %s, seed %d, at %v: %w", sc.Name, s.seed, time.Duration(at)*time.Millisecond, err)
+	}
 	for s.now = 0; s.now < s.durMs; s.now++ {
 		if err := s.step(); err != nil {
-			return nil, fmt.Errorf("simulator: scenario %s, seed %d, at %v: %w", sc.Name, s.seed, time.Duration(s.now)*time.Millisecond, err)
+			return nil, fail(err)
 		}
 		if opt.Progress != nil && s.now >= nextReport {
 			nextReport += s.durMs / 10
@@ -165,6 +212,11 @@ func Run(sc *Scenario, opt Options) (*Result, error) {
 					s.now*100/s.durMs, time.Duration(s.now)*time.Millisecond, sc.Duration, el.Seconds())
 			}
 		}
+	}
+	// Step what is still pending: nothing reads it any more, but a Step
+	// that fails fails the run as it would have when delivered.
+	if err := s.flushAll(); err != nil {
+		return nil, fail(err)
 	}
 	res := s.finish()
 	res.Summary.WallSeconds = math.Round(time.Since(wallStart).Seconds()*1000) / 1000
@@ -196,12 +248,18 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 	for i := range s.inbox {
 		s.inbox[i] = make([][]inMsg, total)
 	}
+	s.pending = make([][]pendMsg, total)
+	s.readies = make([]node.Ready, total)
+	s.jobCalls = make([][]int32, total)
+	s.isJob = make([]bool, total)
+	s.isDue = make([]bool, total)
 	s.mask = size - 1
 	s.workers = max(opt.Workers, 1)
 	s.parallelMin = parallelMin
 	if opt.parallelMin > 0 {
 		s.parallelMin = opt.parallelMin
 	}
+	s.eager = opt.eager
 
 	width := len(fmt.Sprint(total - 1))
 	s.nodes = make([]*simNode, total)
@@ -357,16 +415,28 @@ func (s *sim) refreshUp() {
 }
 
 func (s *sim) step() error {
+	if len(s.events) > 0 && s.events[0].at <= s.now {
+		// Events read and replace cores: they see every delivery so far.
+		if err := s.flushAll(); err != nil {
+			return err
+		}
+	}
 	for len(s.events) > 0 && s.events[0].at <= s.now {
 		e := heap.Pop(&s.events).(simEvent)
 		if err := s.apply(e); err != nil {
 			return err
 		}
 	}
-	if err := s.deliver(); err != nil {
-		return err
+	s.deliver()
+	if s.eager {
+		if err := s.flushAll(); err != nil {
+			return err
+		}
 	}
 	s.generate()
+	if err := s.work(); err != nil {
+		return err
+	}
 	if err := s.tick(); err != nil {
 		return err
 	}
@@ -379,43 +449,30 @@ func (s *sim) step() error {
 	return nil
 }
 
-// deliver hands the batches due now to their receivers, receiver by
-// receiver (each core's inputs stay in order, and its state stays in cache
-// across its batches). Cores share nothing, so with Workers > 1 disjoint
-// receiver ranges are stepped in parallel; every core still sees exactly
-// the same calls in the same order, so the result does not depend on it.
-func (s *sim) deliver() error {
+// deliver hands the batches due now to their receivers. A receiver steps
+// them only when something next reads or drives its core (a request, its
+// Tick, an event; see work): its Step calls stay exactly the same, in the
+// same order, with the same clock readings, between the same other calls,
+// but tens of milliseconds of a receiver's batches are stepped together
+// while its state is in cache, instead of every core's state passing
+// through the cache every millisecond.
+func (s *sim) deliver() {
 	box := s.inbox[s.now&s.mask]
-	total := 0
-	for _, msgs := range box {
-		total += len(msgs)
-	}
-	if total == 0 {
-		return nil
-	}
-	var err error
-	if s.workers > 1 && total >= s.parallelMin {
-		errs := make([]error, s.workers)
-		var wg sync.WaitGroup
-		chunk := (len(box) + s.workers - 1) / s.workers
-		for w := range s.workers {
-			lo, hi := w*chunk, min((w+1)*chunk, len(box))
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[w] = s.stepRange(box, lo, hi)
-			}()
-		}
-		wg.Wait()
-		err = errors.Join(errs...)
-	} else {
-		err = s.stepRange(box, 0, len(box))
-	}
-	if err != nil {
-		return err
-	}
 	for r, msgs := range box {
+		if len(msgs) == 0 {
+			continue
+		}
 		n := s.nodes[r]
+		if n.up {
+			nowNs := int64(s.local(r).Sub(epoch))
+			for _, m := range msgs {
+				if n.group != s.nodes[m.from].group {
+					continue // cut while in flight
+				}
+				s.pending[r] = append(s.pending[r], pendMsg{b: m.b, nowNs: nowNs, at: s.now})
+				s.nPending++
+			}
+		}
 		for k, m := range msgs {
 			if s.nOpen > 0 && len(s.open[m.from]) > 0 && n.up && n.group == s.nodes[m.from].group {
 				s.noteDelivery(int(m.from), r, m.b)
@@ -424,31 +481,168 @@ func (s *sim) deliver() error {
 		}
 		box[r] = msgs[:0]
 	}
+}
+
+// flush steps receiver r through its pending deliveries.
+func (s *sim) flush(r int) error {
+	msgs := s.pending[r]
+	if len(msgs) == 0 {
+		return nil
+	}
+	c := s.nodes[r].core
+	for i := range msgs {
+		m := &msgs[i]
+		if err := c.Step(epoch.Add(time.Duration(m.nowNs)), m.b); err != nil {
+			return &stepError{at: m.at, err: fmt.Errorf("node %d: %w", r, err)}
+		}
+	}
+	clear(msgs)
+	s.pending[r] = msgs[:0]
 	return nil
 }
 
-// stepRange steps receivers lo to hi−1 through their inbound batches.
-func (s *sim) stepRange(box [][]inMsg, lo, hi int) error {
-	for r := lo; r < hi; r++ {
-		msgs := box[r]
-		if len(msgs) == 0 {
-			continue
+// flushAll steps every receiver through its pending deliveries.
+func (s *sim) flushAll() error {
+	if s.nPending == 0 {
+		return nil
+	}
+	s.jobs = s.jobs[:0]
+	for r, msgs := range s.pending {
+		if len(msgs) > 0 {
+			s.jobs = append(s.jobs, int32(r))
 		}
-		n := s.nodes[r]
-		if !n.up {
-			continue
+	}
+	return s.runJobs(s.nPending, s.flush)
+}
+
+// work does the millisecond's core work after deliver and generate: each
+// node that a request or its Tick reads now first steps its pending
+// deliveries, then decides its requests in order, then ticks if due.
+// Nodes share nothing, so with Workers > 1 they run in parallel; every
+// core still sees exactly the same calls in the same order.
+func (s *sim) work() error {
+	s.jobs = s.jobs[:0]
+	for i := range s.calls {
+		r := s.calls[i].node
+		if !s.isJob[r] {
+			s.isJob[r] = true
+			s.jobs = append(s.jobs, int32(r))
 		}
-		now := s.local(r)
-		for _, m := range msgs {
-			if n.group != s.nodes[m.from].group {
-				continue // cut while in flight
-			}
-			if err := n.core.Step(now, m.b); err != nil {
-				return fmt.Errorf("node %d: %w", r, err)
+		s.jobCalls[r] = append(s.jobCalls[r], int32(i))
+	}
+	s.due = s.due[:0]
+	for _, r := range s.upList {
+		if n := s.nodes[r]; n.nextTick <= s.now && n.up {
+			s.due = append(s.due, r)
+			s.isDue[r] = true
+			if !s.isJob[r] {
+				s.isJob[r] = true
+				s.jobs = append(s.jobs, r)
 			}
 		}
 	}
+	load := 0
+	for _, r := range s.jobs {
+		load += len(s.pending[r])
+	}
+	err := s.runJobs(load, s.job)
+	for _, r := range s.jobs {
+		s.isJob[r] = false
+		s.jobCalls[r] = s.jobCalls[r][:0]
+	}
+	if err != nil {
+		return err
+	}
+	for i := range s.calls {
+		c := &s.calls[i]
+		if c.allowed {
+			acc := &c.ra.keys[c.gk]
+			acc.admReq++
+			acc.admCred += c.ws.w.Cost
+		} else if c.ws.w.WellBehaved {
+			c.ra.falseRej++
+		}
+	}
+	clear(s.calls)
+	s.calls = s.calls[:0]
 	return nil
+}
+
+// job is node r's work of the millisecond (see work).
+func (s *sim) job(r int) error {
+	if err := s.flush(r); err != nil {
+		return err
+	}
+	n := s.nodes[r]
+	now := s.local(r)
+	for _, ci := range s.jobCalls[r] {
+		c := &s.calls[ci]
+		d, err := n.core.Allow(now, c.ws.w.Rule, c.ws.keys[c.k], c.ws.req)
+		if err != nil {
+			panic(fmt.Sprintf("simulator: a validated request was refused: %v", err))
+		}
+		c.allowed = d.Allowed
+	}
+	if s.isDue[r] {
+		s.readies[r] = n.core.Tick(now)
+	}
+	return nil
+}
+
+// runJobs runs f for every node in s.jobs, in parallel when Workers > 1
+// and the load (pending deliveries) is worth it, and returns the error of
+// the earliest failing delivery (ties: the lowest node).
+func (s *sim) runJobs(load int, f func(r int) error) error {
+	jobs := s.jobs
+	for _, r := range jobs {
+		s.nPending -= len(s.pending[r])
+	}
+	if s.workers <= 1 || load < s.parallelMin || len(jobs) < 2 {
+		var first error
+		for _, r := range jobs {
+			first = earlier(first, f(int(r)))
+		}
+		return first
+	}
+	workers := min(s.workers, len(jobs))
+	errs := make([]error, workers)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(jobs) {
+					return
+				}
+				errs[w] = earlier(errs[w], f(int(jobs[i])))
+			}
+		}()
+	}
+	wg.Wait()
+	var first error
+	for _, err := range errs {
+		first = earlier(first, err)
+	}
+	return first
+}
+
+// earlier returns the error of the earlier delivery of a and b (either may
+// be nil), so that which error a run reports does not depend on Workers.
+func earlier(a, b error) error {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	var sa, sb *stepError
+	if errors.As(a, &sa) && errors.As(b, &sb) && sb.at < sa.at {
+		return b
+	}
+	return a
 }
 
 func (s *sim) schedule(from int, to int32, b *crdt.Batch, delayMs int64) {
@@ -516,13 +710,14 @@ func (s *sim) direct(from, to int, bs []*crdt.Batch) {
 	}
 }
 
+// tick publishes, in upList order, what the Ticks of the nodes due now
+// (run by work) asked to send, and schedules their next Tick.
 func (s *sim) tick() error {
-	for _, r := range s.upList {
+	for _, r := range s.due {
 		n := s.nodes[r]
-		if n.nextTick > s.now || !n.up {
-			continue
-		}
-		rd := n.core.Tick(s.local(int(r)))
+		s.isDue[r] = false
+		rd := s.readies[r]
+		s.readies[r] = node.Ready{}
 		for _, b := range rd.Messages {
 			if err := s.publish(int(r), b); err != nil {
 				return err
@@ -660,16 +855,10 @@ func (s *sim) generate() {
 				}
 				continue
 			}
-			d, err := s.nodes[i].core.Allow(s.local(i), ws.w.Rule, ws.keys[k], ws.req)
-			if err != nil {
-				panic(fmt.Sprintf("simulator: a validated request was refused: %v", err))
-			}
-			if d.Allowed {
-				acc.admReq++
-				acc.admCred += cost
-			} else if ws.w.WellBehaved {
-				ra.falseRej++
-			}
+			// Decided in work. The outcome only adds to acc, which
+			// nothing reads before then: a key's window changes at most
+			// at its first request of a millisecond.
+			s.calls = append(s.calls, allowCall{ws: ws, ra: ra, k: k, gk: gk, node: i})
 		}
 	}
 }

@@ -109,6 +109,23 @@ func TestSameSeedSameBytes(t *testing.T) {
 	t.Logf("%s", a["table.txt"])
 }
 
+// TestLazyDeliveryChangesNothing compares the engine, which steps a
+// receiver's deliveries only when its core is next driven, with stepping
+// every delivery the millisecond it happens: the cores see the same calls,
+// so every output must be the same, with one worker and with several.
+func TestLazyDeliveryChangesNothing(t *testing.T) {
+	sc := mustParse(t, mixed)
+	eager := outputs(t, sc, Options{eager: true})
+	for _, opt := range []Options{{}, {Workers: 2, parallelMin: 1}, {Workers: 2, parallelMin: 1, eager: true}} {
+		got := outputs(t, sc, opt)
+		for name, data := range eager {
+			if !bytes.Equal(data, got[name]) {
+				t.Errorf("%s differs between eager delivery and %+v (seed %d)", name, opt, sc.Seed)
+			}
+		}
+	}
+}
+
 func TestSeedsDiffer(t *testing.T) {
 	sc := mustParse(t, mixed)
 	one, two := uint64(1), uint64(2)
