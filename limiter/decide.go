@@ -130,7 +130,9 @@ func position(windowMs, nowMs int64) (elapsed float64, reset time.Duration) {
 // none); with N = 1 it is an exact limiter. A cost of 0 is a peek: allowed
 // iff the share is not exhausted (share > 0).
 //
-// Decide is pure: it records nothing. The rule must be valid.
+// A paced rule (Pace) also bounds the current window's usage by PaceCap,
+// in the projection as L is. Decide is pure: it records nothing. The rule
+// must be valid.
 func (r *Rule) Decide(limit, cost uint64, u Usage, env Env, draw float64) Decision {
 	var d Decision
 	elapsed, reset := position(r.WindowMs(), env.NowMs)
@@ -179,6 +181,9 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 		room := used+c <= L
 		if cost == 0 {
 			room = used < L
+		}
+		if r.Pace {
+			share, room = paced(share, room, L, c, cost == 0, u, env.members(), pos.elapsed)
 		}
 		switch {
 		case cost == 0:
@@ -239,6 +244,9 @@ func (r *Rule) Earliest(limit, cost uint64, u Usage, env Env) time.Duration {
 			return 0
 		}
 		return r.LeaseTTL
+	}
+	if r.Pace {
+		return r.earliestPaced(L, c, u, env.NowMs)
 	}
 	w := float64(r.WindowMs())
 	elapsed, reset := position(r.WindowMs(), env.NowMs)

@@ -106,9 +106,13 @@ type Rule struct {
 	// DemandFloor is the smallest share a quiet member keeps under
 	// Share Demand; default 0.05.
 	DemandFloor float64
-	Pace        bool
-	Classes     map[string]Class
-	Costs       map[string]Cost
+	// Pace releases a window's quota over the window (LINE): at elapsed
+	// fraction e the window may hold PaceCap(L, e) = min(L, L·e + B)
+	// credits, with the burst allowance B = PaceBurst·L, at least 1.
+	// Windowed rules only.
+	Pace    bool
+	Classes map[string]Class
+	Costs   map[string]Cost
 	// Overrides replaces Limit for individual keys.
 	Overrides map[string]uint64
 	// MaxKeys caps the keys held; at the cap with every key active, new
@@ -214,8 +218,8 @@ func (r *Rule) Validate() error {
 	if r.DemandFloor < 0 || r.DemandFloor > 1 || math.IsNaN(r.DemandFloor) {
 		return bad("demand_floor", "%v is not within 0 and 1", r.DemandFloor)
 	}
-	if r.Pace {
-		return unimpl("pace", "true")
+	if r.Pace && !windowed {
+		return bad("pace", "applies to fixed_window and sliding_window rules only")
 	}
 	for _, name := range sortedKeys(r.Classes) {
 		c := r.Classes[name]

@@ -102,7 +102,9 @@ func TestNormalizeErrors(t *testing.T) {
 		{"max_keys negative", func(r *Rule) { r.MaxKeys = -1 }, "api", "max_keys", ErrInvalidRule},
 		{"mode suppress", func(r *Rule) { r.Mode = Suppress }, "api", "mode", ErrNotImplemented},
 		{"share demand", func(r *Rule) { r.Share = Demand }, "api", "share", ErrNotImplemented},
-		{"pace", func(r *Rule) { r.Pace = true }, "api", "pace", ErrNotImplemented},
+		{"pace on concurrency", func(r *Rule) {
+			r.Algorithm, r.Window, r.Costs, r.Pace = Concurrency, 0, nil, true
+		}, "api", "pace", ErrInvalidRule},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,6 +128,8 @@ func TestNormalizeValid(t *testing.T) {
 		{"window max", Rule{Name: "year", Algorithm: SlidingWindow, Limit: 1, Window: MaxWindow}},
 		{"concurrency", Rule{Name: "conn", Algorithm: Concurrency, Limit: 1}},
 		{"concurrency 1ms ttl", Rule{Name: "conn", Algorithm: Concurrency, Limit: 1, LeaseTTL: time.Millisecond}},
+		{"paced fixed", Rule{Name: "p", Algorithm: FixedWindow, Limit: 10, Window: time.Second, Pace: true}},
+		{"paced sliding", Rule{Name: "p", Algorithm: SlidingWindow, Limit: 1, Window: time.Hour, Pace: true}},
 		{"explicit reject equal", Rule{Name: "a.b:c_d-e", Algorithm: FixedWindow, Limit: 3, Window: time.Minute, Mode: Reject, Share: Equal, DemandFloor: 1}},
 		{"class at 1e6", Rule{Name: "big", Algorithm: FixedWindow, Limit: 10, Window: time.Second, Classes: map[string]Class{"x": {Multiplier: 1e6}}}},
 		{"override at max", Rule{Name: "o", Algorithm: FixedWindow, Limit: 10, Window: time.Second, Overrides: map[string]uint64{strings.Repeat("k", 256): MaxLimit}}},
