@@ -119,8 +119,11 @@ func TestBadFiles(t *testing.T) {
 		{"zero limit", "rules:\n  - {name: x, algorithm: fixed_window, limit: 0, window: 1s}\n", `rules[0] "x": limit: must be at least 1`, false},
 		{"bad algorithm", "rules:\n  - {name: x, algorithm: leaky, limit: 5, window: 1s}\n", `rules[0] "x": algorithm: "leaky" is not one of`, false},
 		{"duplicate names", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s}\n  - {name: x, algorithm: fixed_window, limit: 6, window: 1s}\n", `rules[1] "x": name: defined twice`, false},
-		{"suppress", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, mode: suppress}\n", `rules[0] "x": mode: "suppress" is not implemented in this version`, true},
-		{"demand", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, share: demand}\n", `rules[0] "x": share: "demand" is not implemented in this version`, true},
+		{"suppress on concurrency", "rules:\n  - {name: x, algorithm: concurrency, limit: 5, mode: suppress}\n", `rules[0] "x": mode: suppress applies to windowed rules only`, false},
+		{"demand on concurrency", "rules:\n  - {name: x, algorithm: concurrency, limit: 5, share: demand}\n", `rules[0] "x": share: demand applies to windowed rules only`, false},
+		{"unknown mode", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, mode: drop}\n", `rules[0] "x": mode: "drop" is not one of reject, suppress`, false},
+		{"unknown share", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, share: fair}\n", `rules[0] "x": share: "fair" is not one of equal, demand`, false},
+		{"demand_floor over 1", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, share: demand, demand_floor: 1.5}\n", `rules[0] "x": demand_floor:`, false},
 		{"pace on concurrency", "rules:\n  - {name: x, algorithm: concurrency, limit: 5, pace: true}\n", `rules[0] "x": pace: applies to fixed_window and sliding_window rules only`, false},
 		{"pace not a bool", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, pace: 10%}\n", `rules[0] "x": pace: line 2: must be true or false`, false},
 		{"bad class", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, classes: {a: -1}}\n", `rules[0] "x": classes.a: multiplier -1 must be positive`, false},
@@ -174,7 +177,7 @@ func TestReloadKeepsInvalidRulesOldVersion(t *testing.T) {
 	rules, errs := config.Reload(running.Rules, []byte(`rules:
   - {name: a, algorithm: fixed_window, limit: 20, window: 1s}
   - {name: b, algorithm: fixed_window, limit: 20, window: 0s}
-  - {name: c, algorithm: fixed_window, limit: 5, window: 1s, mode: suppress}
+  - {name: c, algorithm: concurrency, limit: 5, mode: suppress}
   - {name: d, algorithm: fixed_window, limit: 7, window: 1s}
 `))
 	got := map[string]uint64{}
@@ -186,7 +189,7 @@ func TestReloadKeepsInvalidRulesOldVersion(t *testing.T) {
 		t.Fatalf("merged %v, want %v", got, want)
 	}
 	if len(errs) != 2 || !strings.Contains(errs[0].Error(), `rules[1] "b": window`) || !strings.Contains(errs[0].Error(), "keeping the running version") ||
-		!errors.Is(errs[1], limiter.ErrNotImplemented) {
+		!strings.Contains(errs[1].Error(), `rules[2] "c": mode`) || !errors.Is(errs[1], config.ErrInvalid) {
 		t.Fatalf("errors %v", errs)
 	}
 	// Not YAML at all: everything stays.
@@ -201,5 +204,37 @@ func TestReloadKeepsInvalidRulesOldVersion(t *testing.T) {
 `))
 	if len(rules) != 1 || rules[0].Limit != 10 || len(errs) != 2 {
 		t.Fatalf("duplicate: %+v, errs %v", rules, errs)
+	}
+}
+
+// TestParseSuppressDemand: the daemon accepts mode: suppress and
+// share: demand with a demand_floor, and hands them to the limiter as
+// written.
+func TestParseSuppressDemand(t *testing.T) {
+	cfg, err := config.Parse([]byte(`rules:
+  - {name: flood, algorithm: sliding_window, limit: 10000, window: 1s, mode: suppress}
+  - {name: hermes, algorithm: fixed_window, limit: 10, window: 1s, share: demand, demand_floor: 0.2}
+  - {name: both, algorithm: fixed_window, limit: 10, window: 1s, mode: suppress, share: demand}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		mode  limiter.Mode
+		share limiter.Share
+		floor float64
+	}{
+		{limiter.Suppress, limiter.Equal, limiter.DefaultDemandFloor},
+		{limiter.Reject, limiter.Demand, 0.2},
+		{limiter.Suppress, limiter.Demand, limiter.DefaultDemandFloor},
+	}
+	if len(cfg.Rules) != len(want) {
+		t.Fatalf("%d rules, want %d", len(cfg.Rules), len(want))
+	}
+	for i, w := range want {
+		r := cfg.Rules[i]
+		if r.Mode != w.mode || r.Share != w.share || r.DemandFloor != w.floor {
+			t.Errorf("rule %q: mode %q share %q demand_floor %v, want %q %q %v", r.Name, r.Mode, r.Share, r.DemandFloor, w.mode, w.share, w.floor)
+		}
 	}
 }

@@ -74,6 +74,13 @@ type Env struct {
 type Usage struct {
 	Cur, Prev               uint64 // merged admitted credits: current and previous window (or live leases in Cur)
 	CurUnacked, PrevUnacked uint64 // this member's unacknowledged part of them
+
+	// The demand signal, read only by mode suppress and share demand
+	// (a Limiter leaves it zero for other rules): attempted credits
+	// (admitted and rejected), merged over every slot and this member's
+	// own, in the current and previous window.
+	CurAttempted, PrevAttempted       uint64
+	OwnCurAttempted, OwnPrevAttempted uint64
 }
 
 // weighted returns the usage and its unacknowledged part at elapsed
@@ -174,6 +181,9 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 		L := float64(limit) * env.scale()
 		P := used - unacked
 		share := (L-P)/env.members() - unacked
+		if r.Share == Demand {
+			share = (L-P)*r.demandShare(u, env, pos.elapsed, cost) - unacked
+		}
 		c := float64(cost)
 		// room: the request fits under the global limit as this member
 		// sees it (for a peek: the limit is not reached). The lottery
@@ -185,9 +195,19 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 		if r.Pace {
 			share, room = paced(share, room, L, c, cost == 0, u, env.members(), pos.elapsed)
 		}
+		thin := 1.0 // the fraction mode suppress admits; 1: not suppressing
+		if r.Mode == Suppress {
+			thin = suppression(L, c, u, pos.elapsed)
+		}
 		switch {
 		case cost == 0:
 			d.Allowed = share > 0
+		case thin < 1:
+			// Suppressing. Once a whole window of demand is known, the
+			// thinning divides the limit by demand, so the share is not
+			// consulted; in a flood's first window the share still
+			// applies, as in mode reject. The limit always caps.
+			d.Allowed = room && (float64(u.PrevAttempted) > L || share >= c) && lot.thin(env.NowMs, thin)
 		case share >= c:
 			d.Allowed = true
 		case share > 0 && room:

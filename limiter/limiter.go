@@ -24,6 +24,12 @@ type Limiter struct {
 	windowMs int64
 	seed     uint64
 	hasExtra bool // overrides or classes: LimitFor needs lookups
+	demand   bool // mode suppress or share demand: decisions read attempted credits
+
+	// thins holds the per-key thinning of suppressed keys (mode
+	// suppress), pruned as windows turn past thinWin.
+	thins   map[string]*thinning
+	thinWin int64
 
 	// The window that held the last instant Decide or Allow saw, as
 	// [winStart, winEnd) with index winIdx: spares the hot path its
@@ -47,6 +53,7 @@ func New(rule Rule, c *crdt.Container, self crdt.SlotID, seed uint64) (*Limiter,
 		windowMs: rule.WindowMs(),
 		seed:     seed,
 		hasExtra: len(rule.Overrides) > 0 || len(rule.Classes) > 0,
+		demand:   rule.Mode == Suppress || rule.Share == Demand,
 	}, nil
 }
 
@@ -310,6 +317,9 @@ func (l *Limiter) usageAt(s *crdt.Series, idx int64) (u Usage, cur ownWindow) {
 		case idx - 1:
 			u.Prev, u.PrevUnacked = w.Admitted.Value(), unacked(w.Admitted.Get(l.self), w.Acked)
 		}
+	}
+	if l.demand {
+		l.attemptedAt(&u, s, idx)
 	}
 	return u, cur
 }

@@ -26,7 +26,7 @@ type Mode string
 // The modes.
 const (
 	Reject   Mode = "reject"   // deny what does not fit
-	Suppress Mode = "suppress" // admit the fraction limit/demand (not implemented yet)
+	Suppress Mode = "suppress" // over the limit, admit the fraction limit/demand (see suppression)
 )
 
 // Share names how the remaining headroom is divided among the members.
@@ -35,7 +35,7 @@ type Share string
 // The shares.
 const (
 	Equal  Share = "equal"  // each live member takes 1/N
-	Demand Share = "demand" // shares follow attempted usage (not implemented yet)
+	Demand Share = "demand" // shares follow attempted usage (see Rule.demandShare)
 )
 
 // Defaults applied by Rule.Normalize to fields left zero.
@@ -153,9 +153,6 @@ func (r *Rule) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &RuleError{Rule: r.Name, Field: field, Msg: fmt.Sprintf(format, args...), Err: ErrInvalidRule}
 	}
-	unimpl := func(field, value string) error {
-		return &RuleError{Rule: r.Name, Field: field, Msg: fmt.Sprintf("%q is not implemented in this version", value), Err: ErrNotImplemented}
-	}
 	switch {
 	case r.Name == "":
 		return bad("name", "must not be empty")
@@ -204,14 +201,18 @@ func (r *Rule) Validate() error {
 	switch r.Mode {
 	case "", Reject:
 	case Suppress:
-		return unimpl("mode", string(r.Mode))
+		if !windowed {
+			return bad("mode", "suppress applies to windowed rules only (it reads attempted credits per window)")
+		}
 	default:
 		return bad("mode", "%q is not one of reject, suppress", r.Mode)
 	}
 	switch r.Share {
 	case "", Equal:
 	case Demand:
-		return unimpl("share", string(r.Share))
+		if !windowed {
+			return bad("share", "demand applies to windowed rules only (it reads attempted credits per window)")
+		}
 	default:
 		return bad("share", "%q is not one of equal, demand", r.Share)
 	}

@@ -100,8 +100,12 @@ func TestNormalizeErrors(t *testing.T) {
 		{"override limit over max", func(r *Rule) { r.Overrides["k"] = MaxLimit + 1 }, "api", `overrides["k"]`, ErrInvalidRule},
 		{"override scaled by a class over max", func(r *Rule) { r.Overrides["k"] = MaxLimit / 2 }, "api", `overrides["k"]`, ErrInvalidRule},
 		{"max_keys negative", func(r *Rule) { r.MaxKeys = -1 }, "api", "max_keys", ErrInvalidRule},
-		{"mode suppress", func(r *Rule) { r.Mode = Suppress }, "api", "mode", ErrNotImplemented},
-		{"share demand", func(r *Rule) { r.Share = Demand }, "api", "share", ErrNotImplemented},
+		{"mode suppress on concurrency", func(r *Rule) {
+			r.Algorithm, r.Window, r.Costs, r.Mode = Concurrency, 0, nil, Suppress
+		}, "api", "mode", ErrInvalidRule},
+		{"share demand on concurrency", func(r *Rule) {
+			r.Algorithm, r.Window, r.Costs, r.Share = Concurrency, 0, nil, Demand
+		}, "api", "share", ErrInvalidRule},
 		{"pace on concurrency", func(r *Rule) {
 			r.Algorithm, r.Window, r.Costs, r.Pace = Concurrency, 0, nil, true
 		}, "api", "pace", ErrInvalidRule},
@@ -131,6 +135,7 @@ func TestNormalizeValid(t *testing.T) {
 		{"paced fixed", Rule{Name: "p", Algorithm: FixedWindow, Limit: 10, Window: time.Second, Pace: true}},
 		{"paced sliding", Rule{Name: "p", Algorithm: SlidingWindow, Limit: 1, Window: time.Hour, Pace: true}},
 		{"explicit reject equal", Rule{Name: "a.b:c_d-e", Algorithm: FixedWindow, Limit: 3, Window: time.Minute, Mode: Reject, Share: Equal, DemandFloor: 1}},
+		{"suppress demand", Rule{Name: "flood", Algorithm: SlidingWindow, Limit: 3, Window: time.Second, Mode: Suppress, Share: Demand, DemandFloor: 0.2}},
 		{"class at 1e6", Rule{Name: "big", Algorithm: FixedWindow, Limit: 10, Window: time.Second, Classes: map[string]Class{"x": {Multiplier: 1e6}}}},
 		{"override at max", Rule{Name: "o", Algorithm: FixedWindow, Limit: 10, Window: time.Second, Overrides: map[string]uint64{strings.Repeat("k", 256): MaxLimit}}},
 	}
