@@ -184,6 +184,7 @@ type sim struct {
 	totBytes  uint64
 	skipped   int
 	requests  uint64
+	subs      subIntervals // admitted per workload per SubMs (subintervals.go)
 }
 
 // Run simulates sc and returns its result.
@@ -559,6 +560,7 @@ func (s *sim) work() error {
 			acc := &c.ra.keys[c.gk]
 			acc.admReq++
 			acc.admCred += c.ws.w.Cost
+			s.noteSub(c.ws, c.ws.w.Cost)
 		} else if c.ws.w.WellBehaved {
 			c.ra.falseRej++
 		}

@@ -258,7 +258,7 @@ func round(x float64, digits int) float64 {
 func (s *sim) result() *Result {
 	virt := float64(s.durMs) / 1000
 	nodeSec := float64(s.nodeMs) / 1000
-	res := &Result{Shades: s.shades, DurationMs: s.durMs}
+	res := &Result{Shades: s.shades, DurationMs: s.durMs, Subintervals: s.subRows()}
 	res.Summary = Summary{
 		Scenario: s.sc.Name, Seed: s.seed, Nodes: s.sc.Nodes, VirtualSeconds: virt,
 	}

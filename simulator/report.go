@@ -78,6 +78,8 @@ type Result struct {
 	// scripted event actions found their node in the wrong state.
 	Requests uint64
 	Skipped  int
+	// Subintervals is admitted credits per workload per SubMs.
+	Subintervals []SubRow
 }
 
 // WriteJSON writes the summary as one indented JSON object.
@@ -105,8 +107,9 @@ func (r *Result) WriteTable(w io.Writer) error {
 	return tw.Flush()
 }
 
-// WriteFiles writes windows.csv, seconds.csv, nodes.csv, admitted.svg and
-// bytes.svg into dir, creating it if needed.
+// WriteFiles writes windows.csv, seconds.csv, nodes.csv, admitted.svg,
+// bytes.svg, subintervals.csv and subintervals.svg into dir, creating it
+// if needed.
 func (r *Result) WriteFiles(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -120,6 +123,8 @@ func (r *Result) WriteFiles(dir string) error {
 		{"nodes.csv", r.writeNodesCSV},
 		{"admitted.svg", r.writeAdmittedSVG},
 		{"bytes.svg", r.writeBytesSVG},
+		{"subintervals.csv", r.writeSubCSV},
+		{"subintervals.svg", r.writeSubSVG},
 	}
 	for _, f := range files {
 		if err := writeFile(filepath.Join(dir, f.name), f.write); err != nil {
