@@ -560,6 +560,7 @@ func (s *sim) work() error {
 			acc := &c.ra.keys[c.gk]
 			acc.admReq++
 			acc.admCred += c.ws.w.Cost
+			c.ra.noteInWindow(s.now, c.ws.w.Cost) // inwindow.go
 			s.noteSub(c.ws, c.ws.w.Cost)
 		} else if c.ws.w.WellBehaved {
 			c.ra.falseRej++

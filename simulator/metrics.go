@@ -40,6 +40,7 @@ type ruleAcc struct {
 	overs             []float64
 	sumAdm, sumCap    float64
 	series            []winAgg
+	inWindow          []uint64 // admitted credits per 50 ms of the window (inwindow.go)
 	conv              []int64
 }
 
@@ -259,6 +260,7 @@ func (s *sim) result() *Result {
 	virt := float64(s.durMs) / 1000
 	nodeSec := float64(s.nodeMs) / 1000
 	res := &Result{Shades: s.shades, DurationMs: s.durMs, Subintervals: s.subRows()}
+	res.InWindow = s.inWindowRows()
 	res.Summary = Summary{
 		Scenario: s.sc.Name, Seed: s.seed, Nodes: s.sc.Nodes, VirtualSeconds: virt,
 	}

@@ -78,6 +78,9 @@ type Result struct {
 	// scripted event actions found their node in the wrong state.
 	Requests uint64
 	Skipped  int
+	// InWindow is admitted credits per rule per 50 ms bin of its window
+	// (inwindow.go).
+	InWindow []InWindowRow
 	// Subintervals is admitted credits per workload per SubMs.
 	Subintervals []SubRow
 }
@@ -123,6 +126,8 @@ func (r *Result) WriteFiles(dir string) error {
 		{"nodes.csv", r.writeNodesCSV},
 		{"admitted.svg", r.writeAdmittedSVG},
 		{"bytes.svg", r.writeBytesSVG},
+		{"inwindow.csv", r.writeInWindowCSV},
+		{"inwindow.svg", r.writeInWindowSVG},
 		{"subintervals.csv", r.writeSubCSV},
 		{"subintervals.svg", r.writeSubSVG},
 	}

@@ -100,7 +100,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"bad algorithm", strings.Replace(base(""), "fixed_window", "leaky_bucket", 1), "algorithm"},
 		{"suppress not implemented", strings.Replace(base(""), "window: 1s}", "window: 1s, mode: suppress}", 1), "mode"},
 		{"demand not implemented", strings.Replace(base(""), "window: 1s}", "window: 1s, share: demand}", 1), "share"},
-		{"pace not implemented", strings.Replace(base(""), "window: 1s}", "window: 1s, pace: true}", 1), "pace"},
+		{"pace on concurrency", strings.Replace(base(""), "fixed_window, limit: 100, window: 1s}", "concurrency, limit: 100, pace: true}", 1), "pace"},
 		{"bad class", strings.Replace(base(""), "window: 1s}", "window: 1s, classes: {gold: lots}}", 1), "classes.gold"},
 		{"bad policy", base("mesh: {partition_policy: lenient}\n"), "partition_policy"},
 		{"heartbeat below sync", base("mesh: {sync_interval: 1s, heartbeat: 500ms}\n"), "mesh.heartbeat"},

@@ -1,0 +1,56 @@
+package simulator
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/ratemesh/ratemesh/limiter"
+)
+
+// TestPacedScenario runs the library's paced scenario: the paced rule's
+// admissions inside the window follow the paced cap (cumulatively, per
+// window, within 2 %), while the unpaced rule spends its quota in the
+// window's first 150 ms. Both keep the limit.
+func TestPacedScenario(t *testing.T) {
+	res := runLibrary(t, "paced", nil)
+	for _, rs := range res.Summary.Rules {
+		if rs.OvershootMax > 0.02 || rs.Utilisation < 0.95 {
+			t.Errorf("rule %s: overshoot_max %v, utilisation %v", rs.Name, rs.OvershootMax, rs.Utilisation)
+		}
+	}
+	bins := map[string][]float64{}
+	for _, row := range res.InWindow {
+		bins[row.Rule] = append(bins[row.Rule], row.PerWindow)
+	}
+	paced, unpaced := bins["paced"], bins["unpaced"]
+	if len(paced) != 20 || len(unpaced) != 20 {
+		t.Fatalf("%d paced and %d unpaced bins, want 20 each (1 s windows)", len(paced), len(unpaced))
+	}
+	sum := 0.0
+	for k, v := range paced {
+		sum += v
+		capK := limiter.PaceCap(1000, float64((k+1)*InWindowMs)/1000)
+		if sum > capK*1.02 {
+			t.Errorf("paced: %.1f credits per window by %d ms, over the paced cap %v", sum, (k+1)*InWindowMs, capK)
+		}
+	}
+	if paced[0] > 150*1.02 || paced[0] < 100 {
+		t.Errorf("paced: first 50 ms admit %.1f per window, want the burst allowance (100) plus up to one bin's pace (50)", paced[0])
+	}
+	if first := unpaced[0] + unpaced[1] + unpaced[2]; first < 900 {
+		t.Errorf("unpaced: first 150 ms admit %.1f per window, want nearly the whole quota of 1000", first)
+	}
+
+	var csv bytes.Buffer
+	if err := res.writeInWindowCSV(&csv); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(csv.String()), "\n"); len(lines) != 41 || lines[0] != "rule,window_ms,offset_ms,admitted_credits,per_window" || !strings.HasPrefix(lines[1], "paced,1000,0,") {
+		t.Errorf("inwindow.csv:\n%s", csv.String())
+	}
+	var svg bytes.Buffer
+	if err := res.writeInWindowSVG(&svg); err != nil || !strings.Contains(svg.String(), "rule unpaced") {
+		t.Errorf("inwindow.svg: %v\n%.300s", err, svg.String())
+	}
+}
