@@ -193,7 +193,11 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 			room = used < L
 		}
 		if r.Pace {
-			share, room = paced(share, room, L, c, cost == 0, u, env.members(), pos.elapsed)
+			n := env.members() // this member takes 1/n of the paced headroom
+			if r.Share == Demand {
+				n = 1 / r.demandShare(u, env, pos.elapsed, cost)
+			}
+			share, room = paced(share, room, L, c, cost == 0, u, n, pos.elapsed)
 		}
 		thin := 1.0 // the fraction mode suppress admits; 1: not suppressing
 		if r.Mode == Suppress {

@@ -24,7 +24,9 @@ import (
 //     current window's merged usage, P + N·(u + c) ≤ cap(e). The merged
 //     view P is the mesh's usage, so it is the mesh that follows the pace,
 //     and each member takes 1/N of the paced headroom: each member paces
-//     its share. With N = 1 it is an exact paced limiter.
+//     its share. With N = 1 it is an exact paced limiter. Under share
+//     demand a member takes its demand share f of the paced headroom
+//     instead of 1/N: P + (u + c)/f ≤ cap(e).
 //   - Sliding window: the paced condition bounds the current window's
 //     usage only, in addition to the sliding condition over the weighted
 //     usage. After a full previous window the sliding condition already
@@ -58,10 +60,11 @@ func PaceCap(L, e float64) float64 {
 }
 
 // paced applies the pace to a decision's share and room (see decide): it
-// returns the smaller of share and the share of the paced headroom, and
-// room only if the request also fits under the paced cap. L is the
-// effective limit, n the members, c the cost; a peek (cost 0) needs the
-// cap not to be reached.
+// returns the smaller of share and this member's share of the paced
+// headroom, and room only if the request also fits under the paced cap. L
+// is the effective limit, c the cost, and the member takes 1/n of the
+// headroom (n = N, or 1/f for its demand share f); a peek (cost 0) needs
+// the cap not to be reached.
 func paced(share float64, room bool, L, c float64, peek bool, u *Usage, n, elapsed float64) (float64, bool) {
 	capL := PaceCap(L, elapsed)
 	cur, unacked := float64(u.Cur), float64(u.CurUnacked)

@@ -47,6 +47,12 @@ func TestDecidePaced(t *testing.T) {
 	sliding := pacedRule(t, SlidingWindow, 1000)
 	small := pacedRule(t, FixedWindow, 5)
 	unpaced := windowRule(t, FixedWindow, 1000)
+	demand := normalized(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 1000, Window: time.Second, Pace: true, Share: Demand})
+	// All the key's demand is this member's: its demand share is
+	// 0.05/4 + 0.95 = 0.9625 of the headroom.
+	busy := func(cur uint64) Usage {
+		return Usage{Cur: cur, CurUnacked: cur, CurAttempted: 200, OwnCurAttempted: 200}
+	}
 	ms := time.Millisecond
 	n1 := func(at int64) Env { return Env{NowMs: t0 + at, Members: 1} }
 	n4 := func(at int64) Env { return Env{NowMs: t0 + at, Members: 4, AckDelay: 40 * ms} }
@@ -99,6 +105,11 @@ func TestDecidePaced(t *testing.T) {
 		// share (100 − 98)/4 = 0.5 < c = 1, room under the cap: the lottery.
 		{"N4 0ms lottery wins", fixed, 1000, 1, Usage{Cur: 98}, n4(0), 0.4, true, ReasonAdmitted, 0},
 		{"N4 0ms lottery loses", fixed, 1000, 1, Usage{Cur: 98}, n4(0), 0.6, false, ReasonShare, 40 * ms},
+		// Share demand: the busy member takes its demand share of the
+		// paced headroom, 0.9625·100 at 0 ms, where equal share gives 25.
+		{"N4 demand 0ms u=90", demand, 1000, 1, busy(90), n4(0), 0.99, true, ReasonAdmitted, 0},
+		{"N4 demand 0ms u=97 past its share of the pace", demand, 1000, 1, busy(97), n4(0), 0, false, ReasonShare, 40 * ms},
+		{"N4 equal 0ms u=90", fixed, 1000, 1, busy(90), n4(0), 0, false, ReasonShare, 40 * ms},
 		// 999 ms: the cap is L, the projection alone decides.
 		{"N4 999ms P=996", fixed, 1000, 1, Usage{Cur: 996}, n4(999), 0.99, true, ReasonAdmitted, 0},
 
