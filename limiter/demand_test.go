@@ -156,3 +156,27 @@ func TestLimiterDemandReadsAttempted(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAllowDemand is BenchmarkAllow under share demand: every call
+// also reads the attempted counters and computes the member's share.
+func BenchmarkAllowDemand(b *testing.B) {
+	r := benchRule()
+	r.Share = Demand
+	l, err := New(r, crdt.NewContainer(), self, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	env := Env{NowMs: benchNowMs, Members: 5, AckDelay: 40 * time.Millisecond}
+	const key = "acct:1234567"
+	if _, err := l.Allow(key, Request{}, Env{NowMs: benchNowMs - 1000, Members: 5}); err != nil {
+		b.Fatal(err)
+	}
+	l.Set().Series(key).EnsureWindow(1000, floorDiv(benchNowMs, 1000)).Admitted.Raise(other, 100)
+	b.ReportAllocs()
+	for b.Loop() {
+		d, err := l.Allow(key, Request{}, env)
+		if err != nil || !d.Allowed {
+			b.Fatal("Allow denied:", d.Reason, err)
+		}
+	}
+}

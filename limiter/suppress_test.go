@@ -215,3 +215,28 @@ func TestLimiterThinPruned(t *testing.T) {
 		t.Errorf("three windows on: accumulators %v, want only b's", l.thins)
 	}
 }
+
+// BenchmarkAllowSuppress is BenchmarkAllow's hot key under mode suppress,
+// flooded: the previous window attempted 100× the limit, so every call
+// reads the attempted counters, computes the fraction and steps the
+// key's accumulator.
+func BenchmarkAllowSuppress(b *testing.B) {
+	r := benchRule()
+	r.Limit, r.Mode = 1000, Suppress
+	l, err := New(r, crdt.NewContainer(), self, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	env := Env{NowMs: benchNowMs, Members: 5, AckDelay: 40 * time.Millisecond}
+	const key = "acct:1234567"
+	if _, err := l.Allow(key, Request{}, Env{NowMs: benchNowMs - 1000, Members: 5}); err != nil {
+		b.Fatal(err)
+	}
+	l.Set().Series(key).EnsureWindow(1000, floorDiv(benchNowMs, 1000)-1).Attempted.Raise(other, 100_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := l.Allow(key, Request{}, env); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
