@@ -85,7 +85,7 @@ type Usage struct {
 
 // weighted returns the usage and its unacknowledged part at elapsed
 // fraction e: the sliding window weighs the previous window by 1−e.
-func (u Usage) weighted(alg Algorithm, e float64) (used, unacked float64) {
+func (u *Usage) weighted(alg Algorithm, e float64) (used, unacked float64) {
 	used, unacked = float64(u.Cur), float64(u.CurUnacked)
 	if alg == SlidingWindow {
 		w := 1 - e

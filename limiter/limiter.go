@@ -140,7 +140,8 @@ func (l *Limiter) decide(d *Decision, ch *Check, s *crdt.Series, env *Env) ownWi
 		d.RetryAfter = d.ResetAfter
 		return ownWindow{}
 	}
-	u, cur := l.usageAt(s, idx)
+	var u Usage
+	cur := l.usageAt(&u, s, idx)
 	if ch.Unlimited {
 		l.rule.decide(d, ch.Limit, 0, &u, env, &lottery{}, pos)
 		d.Allowed, d.Shadow, d.RetryAfter, d.Reason = true, false, 0, ReasonUnlimited
@@ -295,15 +296,18 @@ func (l *Limiter) RecordLease(key string, delta int) {
 
 // usage returns the usage of series s (nil for none) at nowMs.
 func (l *Limiter) usage(s *crdt.Series, nowMs int64) Usage {
-	u, _ := l.usageAt(s, floorDiv(nowMs, l.windowMs))
+	var u Usage
+	l.usageAt(&u, s, floorDiv(nowMs, l.windowMs))
 	return u
 }
 
-// usageAt returns the usage of series s (nil for none) in window idx, and
-// that window with this member's admitted credits in it, if it exists.
-func (l *Limiter) usageAt(s *crdt.Series, idx int64) (u Usage, cur ownWindow) {
+// usageAt writes the usage of series s (nil for none) in window idx into
+// *u, which it expects zero, and returns that window with this member's
+// admitted credits in it, if it exists. (Writing through a pointer keeps
+// the large Usage out of the return registers' spill on the hot path.)
+func (l *Limiter) usageAt(u *Usage, s *crdt.Series, idx int64) (cur ownWindow) {
 	if s == nil {
-		return u, cur
+		return cur
 	}
 	for _, w := range s.Windows {
 		if w.WindowMs != l.windowMs {
@@ -319,9 +323,9 @@ func (l *Limiter) usageAt(s *crdt.Series, idx int64) (u Usage, cur ownWindow) {
 		}
 	}
 	if l.demand {
-		l.attemptedAt(&u, s, idx)
+		l.attemptedAt(u, s, idx)
 	}
-	return u, cur
+	return cur
 }
 
 // unacked returns the part of own admitted credits not yet acknowledged.
