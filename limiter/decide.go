@@ -137,6 +137,12 @@ func position(windowMs, nowMs int64) (elapsed float64, reset time.Duration) {
 // none); with N = 1 it is an exact limiter. A cost of 0 is a peek: allowed
 // iff the share is not exhausted (share > 0).
 //
+// Under share demand the share is f·(L − P) − u, f this member's part of
+// the recent attempted credits in u (see Rule.demandShare). Under mode
+// suppress, a key whose demand is over its limit admits the fraction L/D
+// (see suppression): here iff draw < L/D; a Limiter uses a per-key error
+// accumulator instead.
+//
 // A paced rule (Pace) also bounds the current window's usage by PaceCap,
 // in the projection as L is. Decide is pure: it records nothing. The rule
 // must be valid.
