@@ -60,6 +60,12 @@ type CoreConfig struct {
 	// MaxSkew is the clock offset to the mesh beyond which the member
 	// reports SkewExceeded.
 	MaxSkew time.Duration
+	// LocalClock opens and counts windows on the member's own clock, with
+	// no offset correction: mesh time (DESIGN.md, Time) off. The offset is
+	// still estimated (Offset, SkewExceeded); only MeshMs ignores it. It is
+	// for measuring what mesh time buys (the simulator's clock-skew
+	// comparison); the zero value, false, keeps mesh time on.
+	LocalClock bool
 	// Rand is the member's seeded source of randomness (lottery draws). It
 	// must not be shared with other goroutines.
 	Rand *rand.Rand

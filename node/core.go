@@ -226,8 +226,14 @@ func (c *Core) Stats() Stats { return c.stats }
 func (c *Core) Members() (n int, scale float64) { return c.n, c.scale }
 
 // MeshMs returns the mesh time at the member's local time now: its clock
-// corrected by its estimated offset to the mesh.
-func (c *Core) MeshMs(now time.Time) int64 { return now.UnixMilli() + c.offsetMs }
+// corrected by its estimated offset to the mesh (uncorrected under
+// CoreConfig.LocalClock).
+func (c *Core) MeshMs(now time.Time) int64 {
+	if c.cfg.LocalClock {
+		return now.UnixMilli()
+	}
+	return now.UnixMilli() + c.offsetMs
+}
 
 // Offset returns the member's estimated clock offset to the mesh.
 func (c *Core) Offset() time.Duration { return time.Duration(c.offsetMs) * time.Millisecond }
@@ -854,9 +860,7 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
 			continue // our own values come only from us
 		}
 		w := set.Ensure(e.Key).EnsureWindow(e.WindowMs, e.Window)
-		a := w.Admitted.Raise(id, e.Admitted)
-		t := w.Attempted.Raise(id, e.Attempted)
-		if a || t {
+		if w.Raise(id, e.Admitted, e.Attempted) {
 			raised++
 		}
 	}
