@@ -860,7 +860,9 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
 			continue // our own values come only from us
 		}
 		w := set.Ensure(e.Key).EnsureWindow(e.WindowMs, e.Window)
-		if w.Raise(id, e.Admitted, e.Attempted) {
+		a := w.Admitted.Raise(id, e.Admitted)
+		t := w.Attempted.Raise(id, e.Attempted)
+		if a || t {
 			raised++
 		}
 	}
