@@ -19,7 +19,15 @@
 //	}
 //
 // Each node's local clock is virtual time plus its skew offset. Time starts
-// at 2026-01-01T00:00:00Z, aligned to every window.
+// at 2026-01-01T00:00:00Z, aligned to every window. Skew events at 0s apply
+// before the mesh forms (clocks off from the start); later ones step the
+// clocks then. mesh.local_clock: true (node.CoreConfig.LocalClock) turns
+// mesh time off, so every node opens windows on its own clock: the
+// baseline for what the offset correction buys.
+//
+// Result.PartitionFigures (and the table's "partition" line) gives a
+// rule's utilisation before, during and after the first partition and the
+// time from the heal until its windows are at full utilisation again.
 //
 // # Network
 //

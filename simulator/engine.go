@@ -325,7 +325,9 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 	}
 	s.seconds = make([]SecondRow, (s.durMs+999)/1000)
 
-	// Initial nodes: they form the mesh before time 0.
+	// Initial nodes: they form the mesh before time 0, on clocks skewed
+	// from the start (skew_start.go).
+	s.skewFromStart()
 	for i := 0; i < sc.Nodes; i++ {
 		if err := s.startNode(i, false); err != nil {
 			return nil, err
@@ -351,6 +353,9 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 
 	for k := range sc.Events {
 		e := &sc.Events[k]
+		if skewsFromStart(e) {
+			continue // applied before the mesh formed
+		}
 		s.push(simEvent{at: e.At.Milliseconds(), kind: e.Kind, ev: e})
 	}
 	if sc.Churn != nil {

@@ -107,7 +107,15 @@ func (r *Result) WriteTable(w io.Writer) error {
 			rs.Windows, rs.OvershootMax, rs.OvershootP99, rs.Utilisation, rs.FalseRejections, rs.ConvergenceP99Ms,
 			rs.MessagesPerNodePerS, rs.BytesPerNodePerS)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, rs := range s.Rules { // partition_report.go
+		if rep, ok := r.PartitionFigures(rs.Name, 0.95); ok {
+			rep.WritePartition(w)
+		}
+	}
+	return nil
 }
 
 // WriteFiles writes windows.csv, seconds.csv, nodes.csv, admitted.svg,

@@ -159,6 +159,7 @@ type rawMesh struct {
 	PartitionPolicy string `yaml:"partition_policy"`
 	MaxSkew         string `yaml:"max_skew"`
 	JoinTimeout     string `yaml:"join_timeout"`
+	LocalClock      bool   `yaml:"local_clock"`
 }
 
 type rawCost struct {
@@ -412,6 +413,7 @@ func (raw *rawScenario) buildMesh(s *Scenario) error {
 	if cfg.SyncInterval%time.Millisecond != 0 {
 		return errf("mesh.sync_interval", "%v must be whole milliseconds", cfg.SyncInterval)
 	}
+	cfg.LocalClock = m.LocalClock
 	if m.PartitionPolicy != "" {
 		cfg.Policy = node.Policy(m.PartitionPolicy)
 	}

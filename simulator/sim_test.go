@@ -256,10 +256,12 @@ func TestLibraryScenarios(t *testing.T) {
 				if rs.OvershootMax > 0.02 {
 					t.Errorf("partition-strict: overshoot_max %v > 0.02", rs.OvershootMax)
 				}
+				checkPartition(t, name, res) // partition_report_test.go
 			case "partition-available":
 				if rs.OvershootMax < 0.5 {
 					t.Errorf("partition-available: overshoot_max %v; each side should use the whole limit", rs.OvershootMax)
 				}
+				checkPartition(t, name, res)
 			}
 		})
 	}
