@@ -25,6 +25,10 @@
 // mesh time off, so every node opens windows on its own clock: the
 // baseline for what the offset correction buys.
 //
+// Result.Classes (and the table's class rows, when a workload has a class)
+// gives each class's overshoot against the rule's limit times its
+// multiplier.
+//
 // Result.PartitionFigures (and the table's "partition" line) gives a
 // rule's utilisation before, during and after the first partition and the
 // time from the heal until its windows are at full utilisation again.
@@ -51,7 +55,9 @@
 // balancer would (with none live it is offered and not admitted). Keys are
 // named "w<i>-k<j>" (workload i, key j), so workloads never share keys;
 // overrides in a scenario name keys that way. Besides DESIGN's fields a
-// workload may set cost (credits per request), class, and nodes (a node set
+// workload may set cost (credits per request), or type and units (each
+// request is units of the rule's cost type, resolved by the core as in
+// production: credits.go), class, and nodes (a node set
 // the requests go to; node_dist picks within it, and "single:N" names node
 // N). A rate event may name a workload by index and change its node_dist as
 // well as its rate. A well_behaved workload never offers a key more than its

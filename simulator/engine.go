@@ -299,6 +299,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 			ra.keys = append(ra.keys, keyAcc{win: math.MinInt64})
 			ra.limits = append(ra.limits, lim)
 			ra.wellBehaved = append(ra.wellBehaved, w.WellBehaved)
+			ra.keyClass = append(ra.keyClass, w.Class) // credits.go
 		}
 		if w.KeyDist.Zipf && w.Keys > 1 {
 			ws.cdf = make([]float64, w.Keys)
@@ -314,6 +315,9 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		ws.setRate(w.Rate)
 		if w.Cost != 1 {
 			ws.req = limiter.Request{Cost: w.Cost, HasCost: true}
+		}
+		if w.Type != "" {
+			ws.req = limiter.Request{Type: w.Type, Units: w.Units}
 		}
 		ws.req.Class = w.Class
 		s.wls = append(s.wls, ws)

@@ -41,6 +41,8 @@ type ruleAcc struct {
 	sumAdm, sumCap    float64
 	series            []winAgg
 	inWindow          []uint64 // admitted credits per 50 ms of the window (inwindow.go)
+	keyClass          []string // per key: its workload's class (credits.go)
+	classes           map[string]*classAcc
 	conv              []int64
 }
 
@@ -48,6 +50,7 @@ type ruleAcc struct {
 func (ra *ruleAcc) flush(k int) {
 	acc := &ra.keys[k]
 	if acc.offReq > 0 {
+		ra.noteClass(k, acc) // credits.go
 		ra.windows++
 		ra.offered += acc.offReq
 		ra.admitted += acc.admReq
@@ -261,6 +264,7 @@ func (s *sim) result() *Result {
 	nodeSec := float64(s.nodeMs) / 1000
 	res := &Result{Shades: s.shades, DurationMs: s.durMs, Subintervals: s.subRows()}
 	res.InWindow = s.inWindowRows()
+	res.Classes = s.classRows() // credits.go
 	res.Summary = Summary{
 		Scenario: s.sc.Name, Seed: s.seed, Nodes: s.sc.Nodes, VirtualSeconds: virt,
 	}

@@ -83,6 +83,8 @@ type Result struct {
 	InWindow []InWindowRow
 	// Subintervals is admitted credits per workload per SubMs.
 	Subintervals []SubRow
+	// Classes is each rule's figures per class (credits.go).
+	Classes []ClassRow
 }
 
 // WriteJSON writes the summary as one indented JSON object.
@@ -110,6 +112,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	writeClasses(w, r.Classes)   // credits.go
 	for _, rs := range s.Rules { // partition_report.go
 		if rep, ok := r.PartitionFigures(rs.Name, 0.95); ok {
 			rep.WritePartition(w)

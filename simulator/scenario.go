@@ -92,6 +92,11 @@ type Workload struct {
 	// rule, or "".
 	Cost  uint64
 	Class string
+	// Type and Units, when Type is set, are each request's type from the
+	// rule's costs and its units; the core resolves the cost (Cost holds
+	// the resolved credits for the accounting).
+	Type  string
+	Units uint64
 }
 
 // EventKind names what an Event does.
@@ -199,6 +204,8 @@ type rawWorkload struct {
 	WellBehaved bool      `yaml:"well_behaved"`
 	Cost        *int64    `yaml:"cost"`
 	Class       string    `yaml:"class"`
+	Type        string    `yaml:"type"`
+	Units       *int64    `yaml:"units"`
 }
 
 type rawSkew struct {
@@ -777,6 +784,9 @@ func (raw *rawScenario) buildWorkloads(s *Scenario) error {
 				return errf(field+".cost", "%d must be at least 1 and not absurdly above the limit", *rw.Cost)
 			}
 			w.Cost = uint64(*rw.Cost)
+		}
+		if err := buildType(field, rw, r, &w); err != nil { // credits.go
+			return err
 		}
 		if w.Class != "" {
 			if _, ok := r.Classes[w.Class]; !ok {
