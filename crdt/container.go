@@ -1,5 +1,7 @@
 package crdt
 
+import "math"
+
 // Window holds the counters of one (rule, key, window_ms, window index): the
 // admitted credits and the attempted credits (admitted plus rejected, the
 // demand signal), one value per slot each.
@@ -17,6 +19,56 @@ type Window struct {
 
 	series *Series
 	dirty  bool
+	// Sizes (in SlotIDs) of the arrays the window before this one (same
+	// length) held when this one was created: a key that many writers
+	// wrote keeps them, so this window's counters start as arrays that
+	// size, interleaved if the window before had them interleaved.
+	hintPair, hintAdm, hintAtt int32
+}
+
+// Raise merges one slot's admitted and attempted values, exactly as
+// Admitted.Raise(id, admitted) and Attempted.Raise(id, attempted) would,
+// and reports whether either grew. When both counters have many writers,
+// they keep their values in one interleaved array, so a merge touches one
+// place in memory instead of two.
+func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
+	a, t := &w.Admitted, &w.Attempted
+	if a.step == 2 && t.step == 2 {
+		if i := 2 * int(id); i < len(a.d32) && i < len(t.d32) && admitted <= math.MaxUint32 && attempted <= math.MaxUint32 {
+			ga := a.raise32(&a.d32[i], admitted)
+			gt := t.raise32(&t.d32[i], attempted)
+			return ga || gt
+		}
+	} else if !a.dense() && !t.dense() && (admitted|attempted) != 0 {
+		if w.shouldPair(id, admitted, attempted) {
+			pair(a, t, int(w.hintPair))
+			return w.Raise(id, admitted, attempted)
+		}
+	}
+	if !a.dense() && admitted != 0 && int(id) < int(w.hintAdm) && !a.wide() {
+		a.toDense(int(w.hintAdm))
+	}
+	if !t.dense() && attempted != 0 && int(id) < int(w.hintAtt) && !t.wide() {
+		t.toDense(int(w.hintAtt))
+	}
+	ga := a.Raise(id, admitted)
+	gt := t.Raise(id, attempted)
+	return ga || gt
+}
+
+// shouldPair reports whether both (sparse) counters should move into one
+// interleaved array before raising slot id: the window before had them
+// so, or this raise would make each dense on its own. Values beyond 32
+// bits keep them apart.
+func (w *Window) shouldPair(id SlotID, admitted, attempted uint64) bool {
+	a, t := &w.Admitted, &w.Attempted
+	if admitted > math.MaxUint32 || attempted > math.MaxUint32 {
+		return false
+	}
+	if int(id) >= int(w.hintPair) && (!a.wouldDense(id, admitted) || !t.wouldDense(id, attempted)) {
+		return false
+	}
+	return !a.wide() && !t.wide()
 }
 
 // Series returns the key the window belongs to.
@@ -78,6 +130,9 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 	for i > 0 {
 		p := s.Windows[i-1]
 		if p.WindowMs < windowMs || (p.WindowMs == windowMs && p.Index < index) {
+			if p.WindowMs == windowMs {
+				w.hint(p)
+			}
 			break
 		}
 		i--
@@ -87,6 +142,21 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 	s.Windows[i] = w
 	s.last = w
 	return w
+}
+
+// hint sizes w's counters after p's, the window before it.
+func (w *Window) hint(p *Window) {
+	const most = 1 << 30
+	if p.Admitted.step == 2 && p.Attempted.step == 2 {
+		w.hintPair = int32(min(p.Attempted.ids(), most))
+		return
+	}
+	if p.Admitted.dense() {
+		w.hintAdm = int32(min(p.Admitted.ids(), most))
+	}
+	if p.Attempted.dense() {
+		w.hintAtt = int32(min(p.Attempted.ids(), most))
+	}
 }
 
 // RuleSet holds the series of one rule, by key.

@@ -28,14 +28,16 @@ const (
 // a replica's interned indices, small and dense), it keeps its values in an
 // array indexed by SlotID instead — 32-bit while every value fits, 64-bit
 // after — so that a merge at a thousand writers is one memory access, not a
-// binary search and an insertion. The representation never shows: every
-// method behaves the same in each.
+// binary search and an insertion. A window's two counters may share one
+// array, interleaved (see Window.Raise). The representation never shows:
+// every method behaves the same in each.
 //
 // The zero value is an empty counter, ready to use.
 type GCounter struct {
 	vals  []slotVal // sparse: non-zero slots, sorted by SlotID (nil when dense)
-	d32   []uint32  // dense: value by SlotID, every value < 1<<32
-	d64   []uint64  // dense wide: value by SlotID
+	d32   []uint32  // dense: the value of SlotID i is d32[i*step], every value < 1<<32
+	d64   []uint64  // dense wide: the value of SlotID i is d64[i]
+	step  int       // d32's stride: 2 when interleaved with the window's other counter
 	n     int       // non-zero slots when dense
 	total uint64
 }
@@ -64,12 +66,23 @@ func (g *GCounter) find(id SlotID) (int, bool) {
 	return lo, lo < len(vals) && vals[lo].id == id
 }
 
+// dense reports whether the counter holds an array by SlotID.
+func (g *GCounter) dense() bool { return g.d32 != nil || g.d64 != nil }
+
+// ids returns how many SlotIDs a dense counter's array covers.
+func (g *GCounter) ids() int {
+	if g.d32 != nil {
+		return (len(g.d32) + g.step - 1) / g.step
+	}
+	return len(g.d64)
+}
+
 // Get returns the value of one slot (0 if it never wrote).
 func (g *GCounter) Get(id SlotID) uint64 {
 	switch {
 	case g.d32 != nil:
-		if int(id) < len(g.d32) {
-			return uint64(g.d32[id])
+		if i := int(id) * g.step; i < len(g.d32) {
+			return uint64(g.d32[i])
 		}
 		return 0
 	case g.d64 != nil:
@@ -88,17 +101,8 @@ func (g *GCounter) Get(id SlotID) uint64 {
 // reports whether the value grew.
 func (g *GCounter) Raise(id SlotID, v uint64) bool {
 	if d := g.d32; d != nil {
-		if int(id) < len(d) && v <= math.MaxUint32 {
-			old := d[id]
-			if v <= uint64(old) {
-				return false
-			}
-			if old == 0 {
-				g.n++
-			}
-			d[id] = uint32(v)
-			g.total = satAdd(g.total, v-uint64(old))
-			return true
+		if i := int(id) * g.step; i < len(d) && v <= math.MaxUint32 {
+			return g.raise32(&d[i], v)
 		}
 		return g.raiseDense(id, v)
 	}
@@ -135,8 +139,22 @@ func (g *GCounter) Raise(id SlotID, v uint64) bool {
 	g.vals[i] = slotVal{id: id, v: v}
 	g.total = satAdd(g.total, v)
 	if n := len(g.vals); n >= denseMin && int(g.vals[n-1].id) < denseSpan*n {
-		g.toDense()
+		g.toDense(0)
 	}
+	return true
+}
+
+// raise32 raises the 32-bit cell p of a dense counter to v (< 1<<32).
+func (g *GCounter) raise32(p *uint32, v uint64) bool {
+	old := *p
+	if v <= uint64(old) {
+		return false
+	}
+	if old == 0 {
+		g.n++
+	}
+	*p = uint32(v)
+	g.total = satAdd(g.total, v-uint64(old))
 	return true
 }
 
@@ -146,38 +164,59 @@ func (g *GCounter) raiseDense(id SlotID, v uint64) bool {
 	if v <= g.Get(id) {
 		return false
 	}
-	if size := len(g.d32) + len(g.d64); int(id) >= size {
+	if int(id) >= g.ids() {
 		if int(id) >= 2*denseSpan*(g.n+1) {
 			// Too sparse for an array: back to the sorted slice.
 			g.toSparse()
 			return g.Raise(id, v)
 		}
-		g.grow(int(id) + 1 + int(id)/16)
-	}
-	if g.d32 != nil && v > math.MaxUint32 {
-		g.widen()
+		g.grow(int(id)+1+int(id)/16, v > math.MaxUint32)
+	} else if g.d32 != nil && v > math.MaxUint32 {
+		g.grow(g.ids(), true)
 	}
 	return g.Raise(id, v)
 }
 
-// toDense moves a sparse counter's slots into an array indexed by SlotID.
-func (g *GCounter) toDense() {
-	maxID := int(g.vals[len(g.vals)-1].id)
-	size := maxID + 1 + maxID/16
-	wide := false
+// wouldDense reports whether raising slot id to v would make a sparse
+// counter dense (see Raise).
+func (g *GCounter) wouldDense(id SlotID, v uint64) bool {
+	n := len(g.vals)
+	if v != 0 {
+		n++ // at most; a counter paired a raise early is no harm
+	}
+	return n >= denseMin && max(int(id), g.maxID()) < denseSpan*n
+}
+
+// maxID returns the largest SlotID of a sparse counter, or -1.
+func (g *GCounter) maxID() int {
+	if len(g.vals) == 0 {
+		return -1
+	}
+	return int(g.vals[len(g.vals)-1].id)
+}
+
+// wide reports whether a sparse counter holds a value beyond 32 bits.
+func (g *GCounter) wide() bool {
 	for _, sv := range g.vals {
 		if sv.v > math.MaxUint32 {
-			wide = true
-			break
+			return true
 		}
 	}
-	if wide {
+	return false
+}
+
+// toDense moves a sparse counter's slots into an array indexed by SlotID,
+// covering at least size SlotIDs.
+func (g *GCounter) toDense(size int) {
+	maxID := g.maxID()
+	size = max(size, maxID+1+maxID/16)
+	if g.wide() {
 		g.d64 = make([]uint64, size)
 		for _, sv := range g.vals {
 			g.d64[sv.id] = sv.v
 		}
 	} else {
-		g.d32 = make([]uint32, size)
+		g.d32, g.step = make([]uint32, size), 1
 		for _, sv := range g.vals {
 			g.d32[sv.id] = uint32(sv.v)
 		}
@@ -190,29 +229,46 @@ func (g *GCounter) toDense() {
 func (g *GCounter) toSparse() {
 	vals := make([]slotVal, 0, g.n+1)
 	g.each(func(id SlotID, v uint64) { vals = append(vals, slotVal{id, v}) })
-	g.vals, g.d32, g.d64, g.n = vals, nil, nil, 0
+	g.vals, g.d32, g.d64, g.step, g.n = vals, nil, nil, 0, 0
 }
 
-// grow extends a dense counter's array to size SlotIDs.
-func (g *GCounter) grow(size int) {
-	if g.d32 != nil {
+// grow moves a dense counter's values into an array of its own covering
+// size SlotIDs, 64-bit if wide.
+func (g *GCounter) grow(size int, wide bool) {
+	if g.d32 != nil && !wide {
 		d := make([]uint32, size)
-		copy(d, g.d32)
-		g.d32 = d
+		for i, j := 0, 0; i < len(g.d32); i, j = i+g.step, j+1 {
+			d[j] = g.d32[i]
+		}
+		g.d32, g.step = d, 1
 		return
 	}
 	d := make([]uint64, size)
-	copy(d, g.d64)
-	g.d64 = d
+	if g.d32 != nil {
+		for i, j := 0, 0; i < len(g.d32); i, j = i+g.step, j+1 {
+			d[j] = uint64(g.d32[i])
+		}
+	} else {
+		copy(d, g.d64)
+	}
+	g.d64, g.d32, g.step = d, nil, 0
 }
 
-// widen switches a dense counter to 64-bit values.
-func (g *GCounter) widen() {
-	d := make([]uint64, len(g.d32))
-	for i, v := range g.d32 {
-		d[i] = uint64(v)
+// pair moves two sparse counters with 32-bit values into one interleaved
+// array covering at least size SlotIDs: a's value of SlotID i at 2i, b's at
+// 2i+1, so that one memory access reaches both.
+func pair(a, b *GCounter, size int) {
+	maxID := max(a.maxID(), b.maxID())
+	size = max(size, maxID+1+maxID/16)
+	d := make([]uint32, 2*size)
+	for _, sv := range a.vals {
+		d[2*sv.id] = uint32(sv.v)
 	}
-	g.d64, g.d32 = d, nil
+	for _, sv := range b.vals {
+		d[2*sv.id+1] = uint32(sv.v)
+	}
+	a.d32, a.step, a.n, a.vals = d, 2, len(a.vals), nil
+	b.d32, b.step, b.n, b.vals = d[1:], 2, len(b.vals), nil
 }
 
 // Add increments one slot by d (saturating). Only the slot's owner calls it.
@@ -228,7 +284,7 @@ func (g *GCounter) Value() uint64 { return g.total }
 
 // Len returns how many slots have a non-zero value.
 func (g *GCounter) Len() int {
-	if g.d32 != nil || g.d64 != nil {
+	if g.dense() {
 		return g.n
 	}
 	return len(g.vals)
@@ -248,9 +304,9 @@ func (g *GCounter) Each(f func(id SlotID, v uint64)) { g.each(f) }
 func (g *GCounter) each(f func(id SlotID, v uint64)) {
 	switch {
 	case g.d32 != nil:
-		for i, v := range g.d32 {
-			if v != 0 {
-				f(SlotID(i), uint64(v))
+		for i, id := 0, SlotID(0); i < len(g.d32); i, id = i+g.step, id+1 {
+			if v := g.d32[i]; v != 0 {
+				f(id, uint64(v))
 			}
 		}
 	case g.d64 != nil:

@@ -582,3 +582,74 @@ func TestGCounterRepresentations(t *testing.T) {
 		}
 	})
 }
+
+// TestWindowRaiseMatchesReference drives the windows of one series through
+// Window.Raise (which may keep both counters in one interleaved array, and
+// sizes a window's arrays after the window before it) mixed with direct
+// raises of either counter (as the owner's own admissions are counted),
+// and checks both counters against the reference every 16 steps and at
+// the end.
+func TestWindowRaiseMatchesReference(t *testing.T) {
+	forSeeds(t, func(t *testing.T, r *rand.Rand) {
+		s := crdt.NewContainer().Rule("r").Ensure("k")
+		span := []int{40, 300, 1000}[r.IntN(3)]
+		val := func() uint64 {
+			switch p := r.IntN(80); {
+			case p == 0:
+				return 0
+			case p == 1:
+				return 1<<32 - 1 + r.Uint64N(3)
+			default:
+				return r.Uint64N(50)
+			}
+		}
+		for idx := range int64(4) {
+			w := s.EnsureWindow(1000, idx)
+			adm, att := make(refG), make(refG)
+			defer func() {
+				sameAs(t, fmt.Sprintf("window %d admitted", idx), &w.Admitted, adm)
+				sameAs(t, fmt.Sprintf("window %d attempted", idx), &w.Attempted, att)
+			}()
+			for i := range 300 + r.IntN(300) {
+				id := crdt.SlotID(r.IntN(span))
+				if r.IntN(100) == 0 {
+					id = crdt.SlotID(span*(2+r.IntN(100)) + r.IntN(span))
+				}
+				what := fmt.Sprintf("window %d, op %d", idx, i)
+				switch r.IntN(10) {
+				case 0:
+					v := val()
+					want := adm.raise(id, v)
+					if got := w.Admitted.Raise(id, v); got != want {
+						t.Fatalf("%s: Admitted.Raise(%d, %d) = %v, reference %v", what, id, v, got, want)
+					}
+				case 1:
+					v := val()
+					want := att.raise(id, v)
+					if got := w.Attempted.Raise(id, v); got != want {
+						t.Fatalf("%s: Attempted.Raise(%d, %d) = %v, reference %v", what, id, v, got, want)
+					}
+				default:
+					a := val()
+					v := a + val()
+					if r.IntN(3) == 0 {
+						a = 0
+					}
+					wa := adm.raise(id, a)
+					wt := att.raise(id, v)
+					if got := w.Raise(id, a, v); got != (wa || wt) {
+						t.Fatalf("%s: Raise(%d, %d, %d) = %v, reference %v", what, id, a, v, got, wa || wt)
+					}
+				}
+				if i%16 != 0 {
+					continue
+				}
+				sameAs(t, what+" admitted", &w.Admitted, adm)
+				sameAs(t, what+" attempted", &w.Attempted, att)
+				if got, want := w.Admitted.Len()+w.Attempted.Len(), len(stateOf(&w.Admitted))+len(stateOf(&w.Attempted)); got != want {
+					t.Fatalf("%s: Len %d, %d slots", what, got, want)
+				}
+			}
+		}
+	})
+}

@@ -860,9 +860,7 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
 			continue // our own values come only from us
 		}
 		w := set.Ensure(e.Key).EnsureWindow(e.WindowMs, e.Window)
-		a := w.Admitted.Raise(id, e.Admitted)
-		t := w.Attempted.Raise(id, e.Attempted)
-		if a || t {
+		if w.Raise(id, e.Admitted, e.Attempted) {
 			raised++
 		}
 	}
