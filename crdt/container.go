@@ -51,8 +51,10 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 	if !t.dense() && attempted != 0 && int(id) < int(w.hintAtt) && !t.wide() {
 		t.toDense(int(w.hintAtt))
 	}
-	ga := a.Raise(id, admitted)
-	gt := t.Raise(id, attempted)
+	// Raising to 0 never changes a counter: most slots of a limited key
+	// attempt and are not admitted, so skip the admitted search then.
+	ga := admitted != 0 && a.Raise(id, admitted)
+	gt := attempted != 0 && t.Raise(id, attempted)
 	return ga || gt
 }
 

@@ -18,6 +18,15 @@
 //		tick the nodes whose NextTick ≤ t // core.Tick; publish Ready.Messages
 //	}
 //
+// That is what every core sees. The engine runs it faster: a receiver's
+// deliveries wait in a queue, with their clock readings, and the core steps
+// them only just before it is next driven (a request, its Tick, an event),
+// so a core's state passes through the CPU cache once per tens of
+// milliseconds instead of every millisecond; and the cores driven in one
+// millisecond run in parallel (Options.Workers). Each core still gets the
+// same calls with the same arguments in the same order, so the outputs are
+// the same byte for byte.
+//
 // Each node's local clock is virtual time plus its skew offset. Time starts
 // at 2026-01-01T00:00:00Z, aligned to every window. Skew events at 0s apply
 // before the mesh forms (clocks off from the start); later ones step the
