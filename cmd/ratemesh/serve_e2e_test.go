@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -406,15 +407,18 @@ func TestServeReloadAndRefusals(t *testing.T) {
 
 	// An invalid file is refused at start with the rule and the field.
 	for src, want := range map[string]string{
-		"rules:\n  - {name: a, algorithm: fixed_window, limit: 5, window: 1s, mode: suppress}\n":                                               `rules[0] "a": mode: "suppress" is not implemented`,
+		"rules:\n  - {name: a, algorithm: concurrency, limit: 5, mode: suppress}\n":                                                            `rules[0] "a": mode: suppress applies to windowed rules only`,
 		"rules:\n  - {name: a, algorithm: fixed_window, limit: 5, window: 1s, colour: red}\n":                                                  `rules[0] "a": colour: line 2: unknown field`,
 		"rules:\n  - {name: a, algorithm: fixed_window, limit: 5, window: 1s}\n  - {name: a, algorithm: fixed_window, limit: 6, window: 1s}\n": `rules[1] "a": name: defined twice`,
 	} {
 		write(src)
-		cmd := exec.Command(bin, "serve", "--config", cfgPath, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", filepath.Join(dir, "d"))
+		// Bounded: a config this version accepts would serve forever.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, bin, "serve", "--config", cfgPath, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", filepath.Join(dir, "d"))
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		err := cmd.Run()
+		cancel()
 		if code := cmd.ProcessState.ExitCode(); err == nil || code != 1 || !strings.Contains(stderr.String(), want) || stdout.Len() != 0 {
 			t.Errorf("config %q: exit %d, stderr %q, stdout %q; want exit 1 naming %q", src, code, stderr.String(), stdout.String(), want)
 		}
