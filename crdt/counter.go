@@ -1,6 +1,9 @@
 package crdt
 
-import "math"
+import (
+	"math"
+	"math/bits"
+)
 
 type slotVal struct {
 	id SlotID
@@ -170,7 +173,7 @@ func (g *GCounter) raiseDense(id SlotID, v uint64) bool {
 			g.toSparse()
 			return g.Raise(id, v)
 		}
-		g.grow(int(id)+1+int(id)/16, v > math.MaxUint32)
+		g.grow(arraySize(int(id)+1), v > math.MaxUint32)
 	} else if g.d32 != nil && v > math.MaxUint32 {
 		g.grow(g.ids(), true)
 	}
@@ -185,6 +188,18 @@ func (g *GCounter) wouldDense(id SlotID, v uint64) bool {
 		n++ // at most; a counter paired a raise early is no harm
 	}
 	return n >= denseMin && max(int(id), g.maxID()) < denseSpan*n
+}
+
+// arraySize returns how many SlotIDs an array covering n should cover: a
+// sixteenth more for SlotIDs still to come, or the next power of two when
+// that is no more (1000 members fit 1024 entries, 4 KiB, exactly an
+// allocation size class, instead of 1062 in a class of 4864 bytes).
+func arraySize(n int) int {
+	size := n + n/16
+	if p := 1 << bits.Len(uint(max(n-1, 0))); p <= size {
+		return p
+	}
+	return size
 }
 
 // maxID returns the largest SlotID of a sparse counter, or -1.
@@ -208,8 +223,7 @@ func (g *GCounter) wide() bool {
 // toDense moves a sparse counter's slots into an array indexed by SlotID,
 // covering at least size SlotIDs.
 func (g *GCounter) toDense(size int) {
-	maxID := g.maxID()
-	size = max(size, maxID+1+maxID/16)
+	size = max(size, arraySize(g.maxID()+1))
 	if g.wide() {
 		g.d64 = make([]uint64, size)
 		for _, sv := range g.vals {
@@ -258,8 +272,7 @@ func (g *GCounter) grow(size int, wide bool) {
 // array covering at least size SlotIDs: a's value of SlotID i at 2i, b's at
 // 2i+1, so that one memory access reaches both.
 func pair(a, b *GCounter, size int) {
-	maxID := max(a.maxID(), b.maxID())
-	size = max(size, maxID+1+maxID/16)
+	size = max(size, arraySize(max(a.maxID(), b.maxID())+1))
 	d := make([]uint32, 2*size)
 	for _, sv := range a.vals {
 		d[2*sv.id] = uint32(sv.v)
