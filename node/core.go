@@ -287,29 +287,39 @@ func (c *Core) limiter(rule string) (*limiter.Limiter, error) {
 // A denial is a Decision with Allowed false; an error means a bad request
 // (unknown rule, bad key, cost, class or type).
 func (c *Core) Allow(now time.Time, rule, key string, req limiter.Request) (limiter.Decision, error) {
+	var d limiter.Decision
+	err := c.allowInto(&d, now, rule, key, &req)
+	return d, err
+}
+
+// allowInto is Allow writing into *d, with req by pointer: the runtime's
+// hot path (see limiter.Limiter.AllowInto).
+func (c *Core) allowInto(d *limiter.Decision, now time.Time, rule, key string, req *limiter.Request) error {
 	l, err := c.limiter(rule)
 	if err != nil {
-		return limiter.Decision{}, err
+		*d = limiter.Decision{}
+		return err
 	}
 	env := c.env(now)
 	if !c.joined {
-		ch, err := l.Resolve(key, req)
+		ch, err := l.Resolve(key, *req)
 		if err != nil {
-			return limiter.Decision{}, err
+			*d = limiter.Decision{}
+			return err
 		}
-		return c.joining(l, ch, now, env), nil
+		*d = c.joining(l, ch, now, env)
+		return nil
 	}
-	// Limiter.Allow resolves, decides and records in one pass, finding
-	// the key's window once.
-	d, err := l.Allow(key, req, env)
-	if err != nil {
-		return limiter.Decision{}, err
+	// Limiter.AllowInto resolves, decides and records in one pass,
+	// finding the key's window once.
+	if err := l.AllowInto(d, key, req, &env); err != nil {
+		return err
 	}
 	c.count(d)
-	return d, nil
+	return nil
 }
 
-func (c *Core) count(d limiter.Decision) {
+func (c *Core) count(d *limiter.Decision) {
 	c.stats.Decisions[d.Reason]++
 	if d.Shadow {
 		c.stats.Shadowed++
@@ -321,7 +331,7 @@ func (c *Core) joining(l *limiter.Limiter, ch limiter.Check, now time.Time, env 
 	d.Allowed, d.Shadow, d.Reason = false, false, limiter.ReasonJoining
 	d.RetryAfter = max(c.cfg.JoinTimeout-now.Sub(c.started), time.Millisecond)
 	d.RetryAfter = (d.RetryAfter + time.Millisecond - 1) / time.Millisecond * time.Millisecond
-	c.count(d)
+	c.count(&d)
 	return d
 }
 
@@ -354,7 +364,7 @@ func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limit
 			ds[i] = c.joining(ls[i], chs[i], now, env)
 		} else {
 			ds[i] = ls[i].Decide(chs[i], env)
-			c.count(ds[i])
+			c.count(&ds[i])
 		}
 		allowed = allowed && ds[i].Allowed
 	}
@@ -418,7 +428,7 @@ func (c *Core) Acquire(now time.Time, rule, key, class string) (Lease, limiter.D
 		return Lease{}, c.joining(l, ch, now, env), nil
 	}
 	d := l.DecideLease(ch, env, c.liveSlot)
-	c.count(d)
+	c.count(&d)
 	if !d.Allowed {
 		return Lease{}, d, nil
 	}

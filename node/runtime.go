@@ -505,7 +505,8 @@ func (n *Node) Allow(ctx context.Context, rule, key string, opts ...Option) (Dec
 		n.mu.Unlock()
 		return Decision{}, ErrClosed
 	}
-	d, err := n.core.Allow(n.decisionTime(), rule, key, req)
+	var d Decision
+	err := n.core.allowInto(&d, n.decisionTime(), rule, key, &req)
 	n.mu.Unlock()
 	return d, err
 }
