@@ -81,21 +81,47 @@ func (g *GCounter) ids() int {
 }
 
 // Get returns the value of one slot (0 if it never wrote).
-func (g *GCounter) Get(id SlotID) uint64 {
-	switch {
-	case g.d32 != nil:
-		if i := int(id) * g.step; i < len(g.d32) {
-			return uint64(g.d32[i])
-		}
-		return 0
-	case g.d64 != nil:
-		if int(id) < len(g.d64) {
-			return g.d64[id]
+func (g *GCounter) Get(id SlotID) uint64 { return g.get(id) }
+
+// get is Get in one call, whatever the representation: Get itself inlines
+// into its callers (the limiter's decision path reads the owner's slot
+// several times a decision), as it did when it only called find.
+func (g *GCounter) get(id SlotID) uint64 {
+	if d := g.d32; d != nil {
+		if i := int(id) * g.step; i < len(d) {
+			return uint64(d[i])
 		}
 		return 0
 	}
-	if i, ok := g.find(id); ok {
-		return g.vals[i].v
+	if d := g.d64; d != nil {
+		if int(id) < len(d) {
+			return d[id]
+		}
+		return 0
+	}
+	vals := g.vals
+	if len(vals) <= 8 {
+		for i := range vals {
+			if vals[i].id >= id {
+				if vals[i].id == id {
+					return vals[i].v
+				}
+				return 0
+			}
+		}
+		return 0
+	}
+	lo, hi := 0, len(vals)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if vals[m].id < id {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(vals) && vals[lo].id == id {
+		return vals[lo].v
 	}
 	return 0
 }
