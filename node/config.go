@@ -53,8 +53,9 @@ type CoreConfig struct {
 	// Policy is the partition policy.
 	Policy Policy
 	// Join says that peers are configured or known: the member is not
-	// ready until its first anti-entropy exchange completes or JoinTimeout
-	// passes. Without it the member is ready at once.
+	// ready until the full state of the first peer, and of every peer the
+	// runtime reported connected (Core.ExpectState), has arrived, or
+	// JoinTimeout passes. Without it the member is ready at once.
 	Join        bool
 	JoinTimeout time.Duration
 	// MaxSkew is the clock offset to the mesh beyond which the member
