@@ -37,19 +37,29 @@ func newBenchLimiter(b *testing.B) *Limiter {
 // BenchmarkAllow is one existing hot key through the full decision:
 // resolve, read the merged counters, decide with N = 5, record.
 func BenchmarkAllow(b *testing.B) {
-	l := newBenchLimiter(b)
+	benchHotKey(b, newBenchLimiter(b), true, nil)
+}
+
+// benchHotKey runs l.Allow on one existing hot key at benchNow, N = 5: the
+// key has a previous window and another member's slot in the current one,
+// as a hot key in a mesh has; prep may add to its series. With mustAllow
+// every call must be admitted.
+func benchHotKey(b *testing.B, l *Limiter, mustAllow bool, prep func(s *crdt.Series)) {
+	b.Helper()
 	env := Env{NowMs: benchNowMs, Members: 5, AckDelay: 40 * time.Millisecond}
 	const key = "acct:1234567"
-	// Make the key exist, with a previous window and another member's
-	// slot, as a hot key in a mesh has.
 	if _, err := l.Allow(key, Request{}, Env{NowMs: benchNowMs - 1000, Members: 5}); err != nil {
 		b.Fatal(err)
 	}
-	l.Set().Series(key).EnsureWindow(1000, floorDiv(benchNowMs, 1000)).Admitted.Raise(other, 100)
+	s := l.Set().Series(key)
+	s.EnsureWindow(1000, floorDiv(benchNowMs, 1000)).Admitted.Raise(other, 100)
+	if prep != nil {
+		prep(s)
+	}
 	b.ReportAllocs()
 	for b.Loop() {
 		d, err := l.Allow(key, Request{}, env)
-		if err != nil || !d.Allowed {
+		if err != nil || (mustAllow && !d.Allowed) {
 			b.Fatal("Allow denied:", d.Reason, err)
 		}
 	}

@@ -166,17 +166,5 @@ func BenchmarkAllowDemand(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	env := Env{NowMs: benchNowMs, Members: 5, AckDelay: 40 * time.Millisecond}
-	const key = "acct:1234567"
-	if _, err := l.Allow(key, Request{}, Env{NowMs: benchNowMs - 1000, Members: 5}); err != nil {
-		b.Fatal(err)
-	}
-	l.Set().Series(key).EnsureWindow(1000, floorDiv(benchNowMs, 1000)).Admitted.Raise(other, 100)
-	b.ReportAllocs()
-	for b.Loop() {
-		d, err := l.Allow(key, Request{}, env)
-		if err != nil || !d.Allowed {
-			b.Fatal("Allow denied:", d.Reason, err)
-		}
-	}
+	benchHotKey(b, l, true, nil)
 }

@@ -227,16 +227,7 @@ func BenchmarkAllowSuppress(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	env := Env{NowMs: benchNowMs, Members: 5, AckDelay: 40 * time.Millisecond}
-	const key = "acct:1234567"
-	if _, err := l.Allow(key, Request{}, Env{NowMs: benchNowMs - 1000, Members: 5}); err != nil {
-		b.Fatal(err)
-	}
-	l.Set().Series(key).EnsureWindow(1000, floorDiv(benchNowMs, 1000)-1).Attempted.Raise(other, 100_000)
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := l.Allow(key, Request{}, env); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchHotKey(b, l, false, func(s *crdt.Series) {
+		s.EnsureWindow(1000, floorDiv(benchNowMs, 1000)-1).Attempted.Raise(other, 100_000)
+	})
 }
