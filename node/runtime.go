@@ -168,6 +168,8 @@ type Node struct {
 	closeErr  error
 
 	persist *persistence // the Store's side: see runtime_persist.go
+
+	answers sync.WaitGroup // anti-entropy answers in flight (see answer)
 }
 
 // Start starts a member: it takes the incarnation max(persisted + 1, unix
@@ -378,9 +380,16 @@ func (n *Node) answer(peer string) {
 	n.mu.Lock()
 	bs := n.core.FullState(n.readClock())
 	n.mu.Unlock()
-	if err := n.cfg.Transport.SendDirect(n.ctx, peer, bs); err != nil && n.ctx.Err() == nil {
-		n.log.Warn("anti-entropy", "to", peer, "err", err)
-	}
+	// Sent from a goroutine of its own: SendDirect may wait for a slow or
+	// unreachable peer up to the transport's sync timeout, and the loop's
+	// ticks and merges must not wait with it. Close waits for these.
+	n.answers.Add(1)
+	go func() {
+		defer n.answers.Done()
+		if err := n.cfg.Transport.SendDirect(n.ctx, peer, bs); err != nil && n.ctx.Err() == nil {
+			n.log.Warn("anti-entropy", "to", peer, "err", err)
+		}
+	}()
 }
 
 // tick ticks the core, acts on its Ready and returns when to tick next.
@@ -450,6 +459,7 @@ func (n *Node) shutdown(closeStore bool) error {
 	n.closed = true
 	n.mu.Unlock()
 	n.cancel()
+	n.answers.Wait() // cancelled: anti-entropy answers end at once
 
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.LeaveTimeout)
