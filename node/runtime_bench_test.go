@@ -24,17 +24,26 @@ const (
 // in the same run:
 //
 //	go test -run='^$' -bench='NodeAllow|LimiterAllow' -benchmem -count=5 ./node/
-func BenchmarkNodeAllow(b *testing.B) {
+//
+// startBenchNode starts a lone node with rule on memnet, closed when the
+// benchmark ends.
+func startBenchNode(b *testing.B, rule limiter.Rule) *node.Node {
+	b.Helper()
 	cfg := node.DefaultConfig()
 	cfg.Peer, cfg.Seed = "bench", 1
-	cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.SlidingWindow, Limit: benchLimit, Window: time.Second}}
+	cfg.Rules = []limiter.Rule{rule}
 	cfg.Transport = memnet.NewHub().Transport("bench")
-	ctx := context.Background()
-	n, err := node.Start(ctx, cfg)
+	n, err := node.Start(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer n.Close()
+	b.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
+func BenchmarkNodeAllow(b *testing.B) {
+	n := startBenchNode(b, limiter.Rule{Name: "api", Algorithm: limiter.SlidingWindow, Limit: benchLimit, Window: time.Second})
+	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
 		d, err := n.Allow(ctx, "api", benchKey)
@@ -46,17 +55,9 @@ func BenchmarkNodeAllow(b *testing.B) {
 
 // BenchmarkNodeAllowOptions is BenchmarkNodeAllow with a cost and a class.
 func BenchmarkNodeAllowOptions(b *testing.B) {
-	cfg := node.DefaultConfig()
-	cfg.Peer, cfg.Seed = "bench", 1
-	cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.SlidingWindow, Limit: benchLimit / 8, Window: time.Second,
-		Classes: map[string]limiter.Class{"payer": {Multiplier: 5}}}}
-	cfg.Transport = memnet.NewHub().Transport("bench")
+	n := startBenchNode(b, limiter.Rule{Name: "api", Algorithm: limiter.SlidingWindow, Limit: benchLimit / 8, Window: time.Second,
+		Classes: map[string]limiter.Class{"payer": {Multiplier: 5}}})
 	ctx := context.Background()
-	n, err := node.Start(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer n.Close()
 	b.ReportAllocs()
 	for b.Loop() {
 		d, err := n.Allow(ctx, "api", benchKey, node.Cost(2), node.Class("payer"))
@@ -69,16 +70,8 @@ func BenchmarkNodeAllowOptions(b *testing.B) {
 // BenchmarkNodeAllowParallel is BenchmarkNodeAllow from GOMAXPROCS
 // goroutines at once: the cost of the shared mutex under contention.
 func BenchmarkNodeAllowParallel(b *testing.B) {
-	cfg := node.DefaultConfig()
-	cfg.Peer, cfg.Seed = "bench", 1
-	cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.SlidingWindow, Limit: benchLimit, Window: time.Second}}
-	cfg.Transport = memnet.NewHub().Transport("bench")
+	n := startBenchNode(b, limiter.Rule{Name: "api", Algorithm: limiter.SlidingWindow, Limit: benchLimit, Window: time.Second})
 	ctx := context.Background()
-	n, err := node.Start(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer n.Close()
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
