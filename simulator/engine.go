@@ -88,6 +88,11 @@ type allowCall struct {
 	k, gk   int
 	node    int
 	allowed bool
+	op      callOp  // what the call does: Allow, or a lease operation (leases.go)
+	cl      *client // the lease's client (lease operations)
+	lease   string  // Acquire: the lease ID granted
+	expNs   int64   // Acquire, Renew: the lease's expiry on the owner's clock, ns since epoch
+	err     error   // Renew, Release: the core's refusal
 }
 
 type simEvent struct {
@@ -185,6 +190,7 @@ type sim struct {
 	skipped   int
 	requests  uint64
 	subs      subIntervals // admitted per workload per SubMs (subintervals.go)
+	lease     leaseState   // lease clients of concurrency rules (leases.go)
 }
 
 // Run simulates sc and returns its result.
@@ -323,6 +329,10 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		s.wls = append(s.wls, ws)
 	}
 	for _, ra := range s.rules {
+		if ra.wms <= 0 {
+			s.initLeaseRule(ra) // a concurrency rule (leases.go)
+			continue
+		}
 		nw := s.durMs/ra.wms + 2
 		ra.series = make([]winAgg, nw)
 		ra.firstWin = epoch.UnixMilli() / ra.wms
@@ -443,6 +453,7 @@ func (s *sim) step() error {
 			return err
 		}
 	}
+	s.clientActions() // leases.go
 	s.generate()
 	if err := s.work(); err != nil {
 		return err
@@ -565,6 +576,12 @@ func (s *sim) work() error {
 	}
 	for i := range s.calls {
 		c := &s.calls[i]
+		if c.op != opAllow {
+			if err := s.leaseOutcome(c); err != nil { // leases.go
+				return err
+			}
+			continue
+		}
 		if c.allowed {
 			acc := &c.ra.keys[c.gk]
 			acc.admReq++
@@ -589,6 +606,10 @@ func (s *sim) job(r int) error {
 	now := s.local(r)
 	for _, ci := range s.jobCalls[r] {
 		c := &s.calls[ci]
+		if c.op != opAllow {
+			s.leaseCall(n.core, now, c) // leases.go
+			continue
+		}
 		d, err := n.core.Allow(now, c.ws.w.Rule, c.ws.keys[c.k], c.ws.req)
 		if err != nil {
 			panic(fmt.Sprintf("simulator: a validated request was refused: %v", err))
@@ -736,7 +757,11 @@ func (s *sim) tick() error {
 			}
 		}
 		if rd.NewIncarnation != 0 {
+			s.dropStaleLeases(int(r), rd.NewIncarnation) // leases.go: the core dropped its old leases
 			n.inc = rd.NewIncarnation
+		}
+		if err := s.expireNodeLeases(int(r)); err != nil { // leases.go
+			return err
 		}
 		next := n.core.NextTick().Sub(epoch) - time.Duration(n.skewNs)
 		ms := int64((next + time.Millisecond - 1) / time.Millisecond)
@@ -835,6 +860,10 @@ func (s *sim) generate() {
 			continue
 		}
 		ra := s.rules[ws.rule]
+		if ra.wms <= 0 {
+			s.arriveClients(ws, ra, n) // leases.go
+			continue
+		}
 		win := nowMs / ra.wms
 		cost := ws.w.Cost
 		for range n {
@@ -877,6 +906,10 @@ func (s *sim) generate() {
 
 func (s *sim) finish() *Result {
 	for _, ra := range s.rules {
+		if ra.lr != nil {
+			s.closeLeases(ra) // leases.go
+			continue
+		}
 		for k := range ra.keys {
 			ra.flush(k)
 		}

@@ -97,6 +97,7 @@ func (s *sim) apply(e simEvent) error {
 					return err
 				}
 			}
+			s.dropNodeLeases(i, "left") // leases.go: its leases end with it
 			n.core, n.up, n.gone = nil, false, true
 			for k, p := range s.present {
 				if p == i {
@@ -186,6 +187,7 @@ func (s *sim) crash(i int) bool {
 	if !n.up {
 		return false
 	}
+	s.dropNodeLeases(i, "crashed") // leases.go: its leases are lost with it
 	n.core, n.up = nil, false
 	s.downStart[i] = s.now
 	s.refreshUp()

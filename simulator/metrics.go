@@ -44,6 +44,7 @@ type ruleAcc struct {
 	keyClass          []string // per key: its workload's class (credits.go)
 	classes           map[string]*classAcc
 	conv              []int64
+	lr                *leaseRule // a concurrency rule's lease accounting (leases.go); nil for windowed rules
 }
 
 // flush closes key k's current window into the rule's totals.
@@ -293,6 +294,9 @@ func (s *sim) result() *Result {
 				conv[i] = float64(c)
 			}
 			rs.ConvergenceP99Ms = p99(conv, uint64(len(conv)))
+		}
+		if ra.lr != nil {
+			s.leaseSummary(ra, &rs, res) // leases.go
 		}
 		res.Summary.Rules = append(res.Summary.Rules, rs)
 		for off, agg := range ra.series {

@@ -85,6 +85,8 @@ type Result struct {
 	Subintervals []SubRow
 	// Classes is each rule's figures per class (credits.go).
 	Classes []ClassRow
+	// Leases is each concurrency rule's lease figures (leases.go).
+	Leases []LeaseFigures
 }
 
 // WriteJSON writes the summary as one indented JSON object.
@@ -113,6 +115,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 		return err
 	}
 	writeClasses(w, r.Classes)   // credits.go
+	writeLeases(w, r.Leases)     // leases.go
 	for _, rs := range s.Rules { // partition_report.go
 		if rep, ok := r.PartitionFigures(rs.Name, 0.95); ok {
 			rep.WritePartition(w)
@@ -141,6 +144,12 @@ func (r *Result) WriteFiles(dir string) error {
 		{"inwindow.svg", r.writeInWindowSVG},
 		{"subintervals.csv", r.writeSubCSV},
 		{"subintervals.svg", r.writeSubSVG},
+	}
+	if len(r.Leases) > 0 { // leases.go
+		files = append(files, []struct {
+			name  string
+			write func(io.Writer) error
+		}{{"leases.csv", r.writeLeasesCSV}, {"leases.svg", r.writeLeasesSVG}}...)
 	}
 	for _, f := range files {
 		if err := writeFile(filepath.Join(dir, f.name), f.write); err != nil {

@@ -97,6 +97,12 @@ type Workload struct {
 	// the resolved credits for the accounting).
 	Type  string
 	Units uint64
+	// Hold and Crash drive a concurrency rule's workload (leases.go): each
+	// arrival is a client that holds its lease for an exponential time of
+	// mean Hold, renewing it every lease_ttl/3, then releases it, or, with
+	// probability Crash, vanishes without releasing.
+	Hold  time.Duration
+	Crash float64
 }
 
 // EventKind names what an Event does.
@@ -206,6 +212,8 @@ type rawWorkload struct {
 	Class       string    `yaml:"class"`
 	Type        string    `yaml:"type"`
 	Units       *int64    `yaml:"units"`
+	Hold        string    `yaml:"hold"`
+	Crash       *float64  `yaml:"crash"`
 }
 
 type rawSkew struct {
@@ -739,8 +747,8 @@ func (raw *rawScenario) buildWorkloads(s *Scenario) error {
 		if !ok {
 			return errf(field+".rule", "%q is not a rule of this scenario", rw.Rule)
 		}
-		if r.Algorithm == limiter.Concurrency {
-			return errf(field+".rule", "%q is a concurrency rule; the simulator drives windowed rules only", rw.Rule)
+		if err := buildLease(field, rw, r, &w); err != nil { // leases.go
+			return err
 		}
 		if rw.Rate == nil {
 			return errf(field+".rate", "must be set")

@@ -9,8 +9,8 @@ import (
 	"testing"
 )
 
-// mixed exercises every event kind, churn, loss, skew, classes, costs and
-// node sets in a few virtual seconds.
+// mixed exercises every event kind, churn, loss, skew, classes, costs,
+// node sets and lease clients (crashing ones too) in a few virtual seconds.
 const mixed = `
 name: mixed
 seed: 7
@@ -21,10 +21,12 @@ mesh: {sync_interval: 20ms, heartbeat: 200ms, suspect_after: 600ms, dead_after: 
 rules:
   - {name: api, algorithm: sliding_window, limit: 200, window: 1s}
   - {name: fixed, algorithm: fixed_window, limit: 50, window: 500ms, classes: {gold: 2}}
+  - {name: conns, algorithm: concurrency, limit: 20, lease_ttl: 900ms}
 workload:
   - {rule: api, rate: 2000, keys: 5, key_dist: "zipf:1.2", node_dist: "skew:0.5:2"}
   - {rule: api, rate: 20, keys: 4, well_behaved: true}
   - {rule: fixed, rate: 500, keys: 3, cost: 2, class: gold, nodes: "0-3"}
+  - {rule: conns, rate: 80, keys: 2, hold: 500ms, crash: 0.3}
 events:
   - {at: 0s, skew: {nodes: "0-7", spread: 30ms}}
   - {at: 1s, partition: ["0-3", "4-7"]}
@@ -87,7 +89,7 @@ func TestSameSeedSameBytes(t *testing.T) {
 	b := outputs(t, sc, Options{})
 	// More workers must not change a byte either (cores share nothing).
 	c := outputs(t, sc, Options{Workers: 3, parallelMin: 1})
-	for _, name := range []string{"summary.json", "table.txt", "windows.csv", "seconds.csv", "nodes.csv", "admitted.svg", "bytes.svg", "inwindow.csv", "inwindow.svg"} {
+	for _, name := range []string{"summary.json", "table.txt", "windows.csv", "seconds.csv", "nodes.csv", "admitted.svg", "bytes.svg", "inwindow.csv", "inwindow.svg", "leases.csv", "leases.svg"} {
 		if a[name] == nil {
 			t.Fatalf("%s is missing from the outputs", name)
 		}
@@ -257,6 +259,8 @@ func TestLibraryScenarios(t *testing.T) {
 					t.Errorf("partition-strict: overshoot_max %v > 0.02", rs.OvershootMax)
 				}
 				checkPartition(t, name, res) // partition_report_test.go
+			case "connections", "connections-strict":
+				checkConnections(t, name, res) // leases_test.go
 			case "partition-available":
 				if rs.OvershootMax < 0.5 {
 					t.Errorf("partition-available: overshoot_max %v; each side should use the whole limit", rs.OvershootMax)
