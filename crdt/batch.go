@@ -22,6 +22,10 @@ const (
 	MaxSlots      = 256     // extra slots named by one batch
 	MaxNacks      = 1024
 	MaxEvicted    = 1024
+	MaxEchoes     = 16 // clock echoes of one batch (a node sends a few)
+	// MaxEchoHeldMs bounds an echo's Held: a node echoes a peer's clock
+	// within a few heartbeats or not at all.
+	MaxEchoHeldMs = 60_000
 	// MaxWindowMs is the longest window: a year of milliseconds.
 	MaxWindowMs = 366 * 24 * 3600 * 1000
 	// MaxValue bounds every counter value, so sums and differences stay
@@ -40,6 +44,11 @@ const (
 	FlagLeaving
 	// FlagLast marks the last batch of a multi-batch full state.
 	FlagLast
+	// FlagEcho announces that the sender understands Batch.Echoes. A peer
+	// echoes clocks only once every live member has announced it, since a
+	// decoder that predates Echoes refuses a batch carrying them (unknown
+	// field) while it ignores an unknown flag.
+	FlagEcho
 )
 
 // ErrMalformed wraps every decoding and validation failure.
@@ -78,6 +87,47 @@ type Batch struct {
 	// Evicted lists slots the sender has evicted from its membership, so
 	// an evicted node that comes back learns it.
 	Evicted []Slot `cbor:"12,keyasint,omitempty"`
+	// Echoes return a few peers' Clock to them, so each can measure a
+	// round trip to the sender (see Echo). Only gossip batches of senders
+	// that set FlagEcho carry them.
+	Echoes []Echo `cbor:"13,keyasint,omitempty"`
+}
+
+// Echo returns one peer's clock reading to it. The peer sent a batch with
+// Clock t1 (its raw clock); the echo's sender received it at t2 and sends
+// this echo in a batch whose Clock is t3 (t2 and t3 on the echo's sender's
+// raw clock); the peer receives that batch at t4 and has the four
+// timestamps of an NTP exchange: offset ((t2 − t1) + (t3 − t4)) / 2 and
+// round-trip delay (t4 − t1) − (t3 − t2), free of the one-way latency a
+// bare Clock carries.
+//
+// The timestamps travel relative to the carrying batch's Clock, as small
+// numbers: t1 = Clock − Ago and t2 = Clock − Held. An Echo encodes as a
+// three-element array, typically 10 to 12 bytes.
+type Echo struct {
+	_ struct{} `cbor:",toarray"`
+	// Peer names the echoed peer by PeerTag of its peer ID: a 32-bit tag,
+	// not the ID, to keep an echo small. Tags of two members of a
+	// thousand-node mesh collide with a probability of about 1e-4; a
+	// colliding echo is taken for a round trip by the wrong peer only if
+	// its timestamps fit that peer's own clock.
+	Peer uint32
+	// Ago is the carrying batch's Clock minus the echoed Clock (t3 − t1).
+	Ago int64
+	// Held is how long the sender held the echo, in ms of its raw clock:
+	// the carrying batch's Clock minus its raw clock when the echoed batch
+	// arrived (t3 − t2). At most MaxEchoHeldMs.
+	Held uint32
+}
+
+// PeerTag returns the 32-bit tag (FNV-1a) an Echo names peer by.
+func PeerTag(peer string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(peer); i++ {
+		h ^= uint32(peer[i])
+		h *= 16777619
+	}
+	return h
 }
 
 // Nack names one missing batch of one slot.
@@ -202,6 +252,17 @@ func (b *Batch) Validate() error {
 	}
 	if len(b.Evicted) > MaxEvicted {
 		return bad("%d evicted slots, over the cap of %d", len(b.Evicted), MaxEvicted)
+	}
+	if len(b.Echoes) > MaxEchoes {
+		return bad("%d echoes, over the cap of %d", len(b.Echoes), MaxEchoes)
+	}
+	for i, e := range b.Echoes {
+		switch {
+		case e.Held > MaxEchoHeldMs:
+			return bad("echoes[%d]: held %d ms, over the maximum %d", i, e.Held, MaxEchoHeldMs)
+		case e.Ago > MaxValue || e.Ago < -MaxValue:
+			return bad("echoes[%d]: ago %d ms out of range", i, e.Ago)
+		}
 	}
 	for i, s := range b.Slots {
 		if err := checkSlot(s); err != nil {

@@ -29,7 +29,7 @@ func fullBatch() *crdt.Batch {
 			{Slot: crdt.Slot{Peer: "12D3KooWdef", Incarnation: 9}, Seq: 17},
 			{Slot: crdt.Slot{Peer: "12D3KooWghi", Incarnation: 1}, Seq: math.MaxUint64},
 		},
-		Flags: crdt.FlagFull | crdt.FlagLast,
+		Flags: crdt.FlagFull | crdt.FlagLast | crdt.FlagEcho,
 		Slots: []crdt.Slot{
 			{Peer: "12D3KooWdef", Incarnation: 9},
 			{Peer: "12D3KooWjkl", Incarnation: 3},
@@ -44,6 +44,11 @@ func fullBatch() *crdt.Batch {
 			{Slot: 2, Rule: "uploads", Key: "user:8", Acquired: 3, Released: 3},
 		},
 		Evicted: []crdt.Slot{{Peer: "12D3KooWold", Incarnation: 2}},
+		Echoes: []crdt.Echo{
+			{Peer: crdt.PeerTag("12D3KooWdef"), Ago: 31, Held: 12},
+			{Peer: 0, Ago: -crdt.MaxValue, Held: crdt.MaxEchoHeldMs},
+			{Peer: math.MaxUint32, Ago: crdt.MaxValue, Held: 0},
+		},
 	}
 }
 
@@ -135,7 +140,16 @@ func TestBatchRoundTrip(t *testing.T) {
 		}},
 		{"all flags", func() *crdt.Batch {
 			b := heartbeat()
-			b.Flags = crdt.FlagFull | crdt.FlagLeaving | crdt.FlagLast | 1<<63
+			b.Flags = crdt.FlagFull | crdt.FlagLeaving | crdt.FlagLast | crdt.FlagEcho | 1<<63
+			return b
+		}},
+		{"most echoes", func() *crdt.Batch {
+			b := heartbeat()
+			b.Flags = crdt.FlagEcho
+			b.Echoes = make([]crdt.Echo, crdt.MaxEchoes)
+			for i := range b.Echoes {
+				b.Echoes[i] = crdt.Echo{Peer: uint32(i) * 0x9e3779b9, Ago: int64(i) - 8, Held: uint32(i)}
+			}
 			return b
 		}},
 		{"limits", func() *crdt.Batch {
@@ -188,6 +202,38 @@ func TestBatchGolden(t *testing.T) {
 	}
 }
 
+// TestEchoGolden pins the wire format of an echo: key 13, an array of
+// three-element arrays [peer tag, ago, held].
+func TestEchoGolden(t *testing.T) {
+	b := heartbeat()
+	b.Flags = crdt.FlagEcho
+	b.Echoes = []crdt.Echo{{Peer: 0x01020304, Ago: 23, Held: 300}, {Peer: 7, Ago: -2, Held: 0}}
+	// heartbeat, 8: 8, 13: [[0x01020304, 23, 300], [7, -2, 0]]
+	const want = "a7" + "0001" + "01a2006170" + "0107" + "0203" + "031903e8" + "041903e9" + "0808" +
+		"0d82" + "831a010203041719012c" + "83072100"
+	data := mustEncode(t, b)
+	if got := hex.EncodeToString(data); got != want {
+		t.Errorf("echo batch encodes to %s, want %s", got, want)
+	}
+}
+
+// TestPeerTag pins PeerTag to FNV-1a (32 bits): peers of every version
+// must compute the same tags.
+func TestPeerTag(t *testing.T) {
+	for _, tt := range []struct {
+		peer string
+		want uint32
+	}{
+		{"", 0x811c9dc5},
+		{"a", 0xe40c292c},
+		{"foobar", 0xbf9cf968},
+	} {
+		if got := crdt.PeerTag(tt.peer); got != tt.want {
+			t.Errorf("PeerTag(%q) = %#x, want %#x", tt.peer, got, tt.want)
+		}
+	}
+}
+
 func TestBatchAccessors(t *testing.T) {
 	b := fullBatch()
 	for i, want := range []crdt.Slot{b.From, b.Slots[0], b.Slots[1]} {
@@ -198,7 +244,7 @@ func TestBatchAccessors(t *testing.T) {
 	for _, tt := range []struct {
 		flag uint64
 		want bool
-	}{{crdt.FlagFull, true}, {crdt.FlagLeaving, false}, {crdt.FlagLast, true}} {
+	}{{crdt.FlagFull, true}, {crdt.FlagLeaving, false}, {crdt.FlagLast, true}, {crdt.FlagEcho, true}} {
 		if got := b.Has(tt.flag); got != tt.want {
 			t.Errorf("Has(%d) = %v, want %v", tt.flag, got, tt.want)
 		}
@@ -259,7 +305,7 @@ func badBatches() []badBatch {
 		{"too many evicted", mut(func(b *crdt.Batch) { b.Evicted = slots(crdt.MaxEvicted + 1) }), []string{"1025 evicted"}},
 
 		// CBOR strictness.
-		{"unknown header field", raw(header(map[int]any{13: 1})), []string{"unknown field"}},
+		{"unknown header field", raw(header(map[int]any{14: 1})), []string{"unknown field"}},
 		{"unknown entry field", raw(header(map[int]any{10: []any{map[int]any{1: "r", 2: "k", 3: 1000, 4: 1, 7: 9}}})), []string{"unknown field"}},
 		{"unknown text field", raw(map[any]any{0: 1, 1: map[int]any{0: "p"}, "extra": 1}), []string{"unknown field"}},
 		{"duplicate header key", fromBytes([]byte{0xa3, 0x00, 0x01, 0x01, 0xa1, 0x00, 0x61, 'p', 0x00, 0x01}), []string{"duplicate map key 0"}},
@@ -305,6 +351,19 @@ func badBatches() []badBatch {
 			// before any parsing.
 			return append(mustEncode(t, heartbeat()), make([]byte, crdt.MaxBatchBytes)...)
 		}, []string{"bytes, over the 1048576-byte cap"}},
+
+		// Echoes.
+		{"too many echoes", mut(func(b *crdt.Batch) { b.Echoes = make([]crdt.Echo, crdt.MaxEchoes+1) }), []string{"17 echoes"}},
+		{"echo held over the maximum", mut(func(b *crdt.Batch) { b.Echoes[1].Held = crdt.MaxEchoHeldMs + 1 }), []string{"echoes[1]", "held 60001 ms"}},
+		{"echo ago too far back", mut(func(b *crdt.Batch) { b.Echoes[2].Ago = crdt.MaxValue + 1 }), []string{"echoes[2]", "ago 9007199254740993 ms out of range"}},
+		{"echo ago too far ahead", mut(func(b *crdt.Batch) { b.Echoes[0].Ago = math.MinInt64 }), []string{"echoes[0]", "out of range"}},
+		{"echo of two elements", raw(header(map[int]any{13: []any{[]any{1, 2}}})), []string{"different number of elements"}},
+		{"echo of four elements", raw(header(map[int]any{13: []any{[]any{1, 2, 3, 4}}})), []string{"different number of elements"}},
+		{"echo as a map", raw(header(map[int]any{13: []any{map[int]any{0: 1, 1: 2, 2: 3}}})), []string{"crdt.Echo"}},
+		{"echo tag overflows uint32", raw(header(map[int]any{13: []any{[]any{uint64(1) << 32, 2, 3}}})), []string{"uint32"}},
+		{"echo held negative", raw(header(map[int]any{13: []any{[]any{1, 2, -3}}})), []string{"uint32"}},
+		{"echo held overflows uint32", raw(header(map[int]any{13: []any{[]any{1, 2, uint64(1) << 32}}})), []string{"uint32"}},
+		{"echoes not an array", raw(header(map[int]any{13: 5})), []string{"crdt.Batch.13"}},
 
 		// Entries.
 		{"entries over MaxEntries in one array", mut(func(b *crdt.Batch) { b.Windows, b.Leases = windows(crdt.MaxEntries+1), nil }), []string{"max number of elements"}},
@@ -403,6 +462,8 @@ func TestEncodeRefuses(t *testing.T) {
 		{"invalid UTF-8 slot peer", func(b *crdt.Batch) { b.Slots[0].Peer = "\xff" }, "slots[0]: peer is not UTF-8"},
 		{"invalid UTF-8 nack peer", func(b *crdt.Batch) { b.Nacks[0].Slot.Peer = "\xff" }, "nacks[0]: peer is not UTF-8"},
 		{"invalid UTF-8 evicted peer", func(b *crdt.Batch) { b.Evicted[0].Peer = "\xff" }, "evicted[0]: peer is not UTF-8"},
+		{"too many echoes", func(b *crdt.Batch) { b.Echoes = make([]crdt.Echo, crdt.MaxEchoes+1) }, "17 echoes"},
+		{"echo held over the maximum", func(b *crdt.Batch) { b.Echoes[0].Held = math.MaxUint32 }, "echoes[0]: held 4294967295 ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

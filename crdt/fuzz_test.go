@@ -27,7 +27,10 @@ func FuzzDecodeBatch(f *testing.F) {
 	many.Leases = leases(5)
 	edge := heartbeat()
 	edge.Windows = []crdt.WindowEntry{{Rule: "règle", Key: "clé:🙂", WindowMs: 1, Window: 1 << 62}}
-	for _, b := range []*crdt.Batch{full, hb, leaving, many, edge} {
+	echoes := heartbeat()
+	echoes.Flags = crdt.FlagEcho
+	echoes.Echoes = []crdt.Echo{{Peer: crdt.PeerTag("q"), Ago: 40, Held: 7}, {Peer: 1, Ago: -3}}
+	for _, b := range []*crdt.Batch{full, hb, leaving, many, edge, echoes} {
 		f.Add(mustEncode(f, b))
 	}
 	// An explicit empty array: decodes to an empty slice, re-encodes to
@@ -91,6 +94,9 @@ func normalized(b *crdt.Batch) crdt.Batch {
 	}
 	if len(n.Evicted) == 0 {
 		n.Evicted = nil
+	}
+	if len(n.Echoes) == 0 {
+		n.Echoes = nil
 	}
 	return n
 }
