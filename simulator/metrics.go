@@ -266,6 +266,7 @@ func (s *sim) result() *Result {
 	res := &Result{Shades: s.shades, DurationMs: s.durMs, Subintervals: s.subRows()}
 	res.InWindow = s.inWindowRows()
 	res.Classes = s.classRows() // credits.go
+	res.Clocks = s.clockRows()  // clocks.go
 	res.Summary = Summary{
 		Scenario: s.sc.Name, Seed: s.seed, Nodes: s.sc.Nodes, VirtualSeconds: virt,
 	}

@@ -85,6 +85,7 @@ type Result struct {
 	Subintervals []SubRow
 	// Classes is each rule's figures per class (credits.go).
 	Classes []ClassRow
+	Clocks  []ClockRow // each running node's clock at the end (clocks.go)
 	// Leases is each concurrency rule's lease figures (leases.go).
 	Leases []LeaseFigures
 }
@@ -144,6 +145,7 @@ func (r *Result) WriteFiles(dir string) error {
 		{"inwindow.svg", r.writeInWindowSVG},
 		{"subintervals.csv", r.writeSubCSV},
 		{"subintervals.svg", r.writeSubSVG},
+		{"clocks.csv", r.writeClocksCSV}, // clocks.go
 	}
 	if len(r.Leases) > 0 { // leases.go
 		files = append(files, []struct {
