@@ -92,6 +92,27 @@
 // up; they are mesh-wide (one batch carries every rule), so every rule
 // reports the same figures.
 //
+// # Leases
+//
+// A workload of a concurrency rule drives leases instead of requests
+// (leases.go): each arrival is a client that Acquires a lease at its node,
+// holds it for an exponential time of mean hold (workload field hold,
+// required), renews it every lease_ttl/3 and releases it; the fraction
+// crash of the clients vanish at the end of their hold without releasing,
+// so the lease expires at its owner. cost, type, units and well_behaved
+// are refused on such a workload, hold and crash on a windowed rule's.
+// For a concurrency rule the summary's fields mean: offered and admitted,
+// Acquire calls; held, leases acquired, not released, not expired at their
+// owner, whose owner is up, on true time; overshoot_max, max over keys and
+// instants of held/limit − 1 (floored at 0); windows, key-seconds with a
+// lease held or wanted, and overshoot_p99 over their maxima; utilisation,
+// ∫ held by clients still within their hold / ∫ min(demand, limit), demand
+// counting every client, admitted or not, during its hold. Result.Leases
+// adds per-key figures, the crashed clients' lease lifetimes and, for every
+// node crash, how long until the capacity it freed is used (FreedRow);
+// --out writes leases.csv and leases.svg. The engine checks its lease
+// account against each core's Leases() once per virtual second.
+//
 // # Speed
 //
 // Requests are generated inline, per millisecond, never queued; deliveries
