@@ -192,7 +192,7 @@ type freeProbe struct {
 	at        int64 // virtual ms of the crash
 	atNode    int64 // leases of the key the node held
 	before    int64 // the key's held leases just before the crash
-	first     int64 // ms after the crash until held > max(limit, before) − atNode; −1 never
+	first     int64 // ms after the crash until held > threshold; −1 never
 	full      int64 // ms after the crash until held ≥ 0.95·min(before, limit); −1 never
 	threshold int64
 }
@@ -517,7 +517,7 @@ func (s *sim) dropNodeLeases(i int, why string) {
 		for _, r := range refs {
 			lk := &r.lr.keys[r.gk]
 			p := &freeProbe{gk: r.gk, node: i, at: s.now, atNode: count[r], before: lk.held, first: -1, full: -1,
-				threshold: max(lk.limit, lk.held) - count[r]}
+				threshold: max(lk.limit, lk.held) - count[r] + max(2, lk.limit/50)}
 			r.lr.probes = append(r.lr.probes, p)
 			r.lr.open = append(r.lr.open, p)
 		}
@@ -608,9 +608,10 @@ type FreedRow struct {
 	// Before the key's held leases just before.
 	AtMs, AtNode, Before int64
 	// FirstMs is the time from the crash until the key held more than
-	// max(limit, Before) − AtNode leases: more than the others could hold
-	// while they still counted the crashed node's leases, so some freed
-	// slot is in use again. FullMs is the time until it held 95 % of
+	// max(limit, Before) − AtNode leases (what the others could hold while
+	// they still counted the crashed node's leases) plus the equal-share
+	// lottery's slack of max(2, limit/50) leases: freed slots are in use
+	// again. FullMs is the time until it held 95 % of
 	// min(Before, limit) again (the partition figures' "full again"). −1:
 	// never within the run.
 	FirstMs, FullMs int64
