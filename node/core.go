@@ -130,6 +130,8 @@ type Core struct {
 	lastAck   int64 // the Ack of the last gossip batch we sent
 	offsetMs  int64
 	samples   []int64
+	selfTag   uint32    // crdt.PeerTag of our peer ID: echoes of our clock carry it
+	echoQ     []*member // members owing an echo, in the order they came to owe it
 
 	lastRule string           // the rule of the latest decision, and
 	lastLim  *limiter.Limiter // its limiter; nil when SetRules replaced them
@@ -179,6 +181,7 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 		joined:    !cfg.Join,
 		n:         1,
 		scale:     1,
+		selfTag:   crdt.PeerTag(cfg.Peer),
 	}
 	c.selfID = c.intern(c.self, nil)
 	rules := make([]limiter.Rule, len(cfg.Rules))
@@ -577,7 +580,8 @@ func (c *Core) Peers(now time.Time) []PeerInfo {
 		out = append(out, PeerInfo{
 			Peer: m.peer, Incarnation: m.inc, State: m.state, LastSeen: now.Sub(m.lastHeard),
 			RulesHash: m.rulesHash, RulesMatch: m.rulesHash == c.rulesHash,
-			ClockOffset: time.Duration(m.clockMs) * time.Millisecond,
+			ClockOffset: time.Duration(m.clockMs) * time.Millisecond, ClockRoundTrip: m.clockRT,
+			ClockOneWay: time.Duration(m.oneWayMs) * time.Millisecond,
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Peer < out[j].Peer })
@@ -651,7 +655,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	m := c.members[b.From.Peer]
 	switch {
 	case m == nil:
-		m = &member{peer: b.From.Peer, inc: b.From.Incarnation, state: Alive}
+		m = &member{peer: b.From.Peer, inc: b.From.Incarnation, state: Alive, tag: crdt.PeerTag(b.From.Peer)}
 		m.slot = c.intern(b.From, m)
 		c.members[m.peer] = m
 		i, _ := slices.BinarySearchFunc(c.order, m.peer, func(a *member, p string) int { return strings.Compare(a.peer, p) })
@@ -683,7 +687,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	}
 	m.lastHeard = now
 	m.rulesHash = b.RulesHash
-	m.clockSample(b.Clock-now.UnixMilli(), now.UnixMilli(), c.clockEpochMs())
+	c.stepClock(now, m, b)
 	if b.Has(crdt.FlagLeaving) {
 		c.setState(m, Left)
 	} else if m.state != Alive && m.state != Left {
@@ -986,6 +990,69 @@ func (c *Core) updateMembers(now time.Time) {
 // peer's clock stepping back shows within two heartbeats.
 func (c *Core) clockEpochMs() int64 { return max(c.cfg.Heartbeat.Milliseconds(), 1) }
 
+// stepClock takes the clock readings of b, from m, received at now: a
+// one-way sample of b's Clock, a round trip if b echoes our clock, and the
+// echo we owe m in return.
+func (c *Core) stepClock(now time.Time, m *member, b *crdt.Batch) {
+	nowMs, epochMs := now.UnixMilli(), c.clockEpochMs()
+	m.clockSample(b.Clock-nowMs, nowMs, epochMs)
+	m.echoes = b.Has(crdt.FlagEcho)
+	for _, e := range b.Echoes {
+		if e.Peer == c.selfTag {
+			// t1 = our Clock it echoes, t2 = when it arrived, t3 = b.Clock.
+			m.rtSample(b.Clock-e.Ago, b.Clock-int64(e.Held), b.Clock, nowMs, epochMs)
+			break
+		}
+	}
+	if m.noteEcho(b.Clock, nowMs, epochMs) && !m.echoQueued {
+		c.echoQ = append(c.echoQ, m)
+		m.echoQueued = true
+	}
+}
+
+// echoesPerBatch is how many peers' clocks one batch echoes at most. A
+// batch is broadcast, so it cannot echo every peer of a big mesh; four
+// echoes (about 40 bytes) give every peer of a ten-node mesh its round
+// trips as often as it may have them (echoesPerEpoch per heartbeat), and
+// in a mesh of a thousand one every 250 of our batches, which the forward
+// delay learned from the last round trip bridges (member.estimate).
+const echoesPerBatch = 4
+
+// takeEchoes returns the echoes for the batch we send at our raw time
+// nowMs: the members that have owed one longest first, so echoes rotate
+// over every member heard since its last echo (and not echoed in the
+// last 1/echoesPerEpoch of an epoch). It returns none while any
+// live member has not announced crdt.FlagEcho (a peer of an older version
+// refuses a batch carrying echoes); every member then measures one-way.
+func (c *Core) takeEchoes(nowMs int64) []crdt.Echo {
+	if len(c.echoQ) == 0 {
+		return nil
+	}
+	for _, m := range c.order {
+		if m.live() && !m.evicted && !m.echoes {
+			return nil
+		}
+	}
+	var out []crdt.Echo
+	i := 0
+	for ; i < len(c.echoQ) && len(out) < echoesPerBatch; i++ {
+		m := c.echoQ[i]
+		pending := m.echoPending
+		m.echoQueued, m.echoPending = false, false
+		held, ago := nowMs-m.echoAt, nowMs-m.echoClock
+		if !pending || !m.live() || m.evicted || held < 0 || held > crdt.MaxEchoHeldMs ||
+			m.echoClock < -crdt.MaxValue || m.echoClock > crdt.MaxValue || ago < -crdt.MaxValue || ago > crdt.MaxValue {
+			continue
+		}
+		out = append(out, crdt.Echo{Peer: m.tag, Ago: ago, Held: uint32(held)})
+		m.echoedAt, m.hasEchoed = nowMs, true
+	}
+	n := copy(c.echoQ, c.echoQ[i:])
+	clear(c.echoQ[n:])
+	c.echoQ = c.echoQ[:n]
+	return out
+}
+
 // updateOffset estimates the clock offset to the mesh: the median of the
 // live members' raw clock offsets and our own (0), so every member
 // converges on the mesh's median clock.
@@ -1162,7 +1229,7 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, nack
 	newBatch := func() *crdt.Batch {
 		b := &crdt.Batch{
 			Version: crdt.Version, From: c.self, Sent: nowMs, Clock: now.UnixMilli(),
-			RulesHash: c.rulesHash, Ack: c.watermark(), Flags: flags &^ crdt.FlagLast,
+			RulesHash: c.rulesHash, Ack: c.watermark(), Flags: flags&^crdt.FlagLast | crdt.FlagEcho,
 		}
 		if gossip {
 			c.seq++
@@ -1172,6 +1239,9 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, nack
 		}
 		if len(out) == 0 {
 			b.Nacks = nacks
+			if gossip {
+				b.Echoes = c.takeEchoes(b.Clock)
+			}
 			for _, e := range c.evictions {
 				if len(b.Evicted) < crdt.MaxEvicted {
 					b.Evicted = append(b.Evicted, e.slot)
