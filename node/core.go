@@ -132,6 +132,7 @@ type Core struct {
 	samples   []int64
 	selfTag   uint32    // crdt.PeerTag of our peer ID: echoes of our clock carry it
 	echoQ     []*member // members owing an echo, in the order they came to owe it
+	echoOK    bool      // every live member has announced crdt.FlagEcho
 
 	lastRule string           // the rule of the latest decision, and
 	lastLim  *limiter.Limiter // its limiter; nil when SetRules replaced them
@@ -997,6 +998,9 @@ func (c *Core) stepClock(now time.Time, m *member, b *crdt.Batch) {
 	nowMs, epochMs := now.UnixMilli(), c.clockEpochMs()
 	m.clockSample(b.Clock-nowMs, nowMs, epochMs)
 	m.echoes = b.Has(crdt.FlagEcho)
+	if !m.echoes {
+		c.echoOK = false // at once; updateOffset sets it again
+	}
 	for _, e := range b.Echoes {
 		if e.Peer == c.selfTag {
 			// t1 = our Clock it echoes, t2 = when it arrived, t3 = b.Clock.
@@ -1025,13 +1029,8 @@ const echoesPerBatch = 4
 // live member has not announced crdt.FlagEcho (a peer of an older version
 // refuses a batch carrying echoes); every member then measures one-way.
 func (c *Core) takeEchoes(nowMs int64) []crdt.Echo {
-	if len(c.echoQ) == 0 {
+	if len(c.echoQ) == 0 || !c.echoOK {
 		return nil
-	}
-	for _, m := range c.order {
-		if m.live() && !m.evicted && !m.echoes {
-			return nil
-		}
 	}
 	var out []crdt.Echo
 	i := 0
@@ -1055,12 +1054,17 @@ func (c *Core) takeEchoes(nowMs int64) []crdt.Echo {
 
 // updateOffset estimates the clock offset to the mesh: the median of the
 // live members' raw clock offsets and our own (0), so every member
-// converges on the mesh's median clock.
+// converges on the mesh's median clock. It also notes whether every live
+// member understands echoes.
 func (c *Core) updateOffset() {
 	c.samples = append(c.samples[:0], 0)
+	c.echoOK = true
 	for _, m := range c.order {
 		if m.live() && m.hasClock {
 			c.samples = append(c.samples, m.clockMs)
+		}
+		if m.live() && !m.evicted && !m.echoes {
+			c.echoOK = false
 		}
 	}
 	slices.Sort(c.samples)
