@@ -76,10 +76,10 @@ type member struct {
 	ackW      int64  // the member's latest acknowledgement watermark
 	gaps      []uint64
 
-	// Clock estimation (the pure math is at the end of this file). clockMs is the
-	// estimate of the member's raw clock minus ours that mesh time uses:
-	// from round trips when the member echoes our clock, from one-way
-	// samples otherwise.
+	// Clock estimation (the pure math is at the end of this file).
+	// clockMs is the estimate of the member's raw clock minus ours that
+	// mesh time uses: from round trips when the member echoes our clock,
+	// from one-way samples otherwise.
 	clockMs  int64
 	hasClock bool
 	clockRT  bool        // clockMs comes from a fresh round trip
@@ -170,10 +170,11 @@ func (m *member) estimate(e int64) {
 	m.hasClock = true
 }
 
-// echoesPerEpoch is how many round trips per clock epoch a member asks of
-// each peer at most: enough for the least-delayed of them to be nearly
-// free of queueing, without echoing every peer in every batch of a busy
-// small mesh.
+// echoesPerEpoch is how many echoes per clock epoch (a heartbeat) we send
+// each member at most, so how many round trips it can measure to us: with
+// one to two epochs to choose from, the least-delayed of up to 16 is
+// nearly free of queueing, and a busy small mesh does not echo every peer
+// in every batch (in steady, about one echo per batch instead of four).
 const echoesPerEpoch = 8
 
 // noteEcho records the batch we may echo back to the member: its Clock,
