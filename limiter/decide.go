@@ -60,6 +60,10 @@ type Env struct {
 	NowMs int64
 	// Members is N, the live members (alive and suspect), at least 1.
 	Members int
+	// Rank is this member's place, from 0, among the Members sorted by
+	// peer ID. Members that agree on the membership hold distinct ranks,
+	// which stratify their lottery draws (see Limiter.draw).
+	Rank int
 	// Scale multiplies the limit: alive/(alive+suspect) under the strict
 	// partition policy, 1 otherwise (0 means 1).
 	Scale float64
@@ -168,9 +172,9 @@ type lottery struct {
 	draw float64
 }
 
-func (t *lottery) value(nowMs int64) float64 {
+func (t *lottery) value(env *Env) float64 {
 	if t.l != nil {
-		return t.l.draw(t.key, nowMs)
+		return t.l.draw(t.key, env)
 	}
 	return t.draw
 }
@@ -217,11 +221,11 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 			// thinning divides the limit by demand, so the share is not
 			// consulted; in a flood's first window the share still
 			// applies, as in mode reject. The limit always caps.
-			d.Allowed = room && (float64(u.PrevAttempted) > L || share >= c) && lot.thin(env.NowMs, thin)
+			d.Allowed = room && (float64(u.PrevAttempted) > L || share >= c) && lot.thin(env, thin)
 		case share >= c:
 			d.Allowed = true
 		case share > 0 && room:
-			d.Allowed = lot.value(env.NowMs) < share/c
+			d.Allowed = lot.value(env) < share/c
 		}
 		if d.Allowed {
 			d.Reason = ReasonAdmitted

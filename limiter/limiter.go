@@ -38,8 +38,9 @@ type Limiter struct {
 }
 
 // New returns a limiter for rule over container c, writing as slot self.
-// seed (drawn from the member's seeded rand) makes the per-key lottery
-// draws for fractional shares differ between members. The rule is
+// seed is mixed into the per-key lottery draws for fractional shares: the
+// members of one mesh must pass the same seed (package node passes 0), so
+// that their draws form one stratified sample (see draw). The rule is
 // normalised and validated; the error names the rule and field.
 func New(rule Rule, c *crdt.Container, self crdt.SlotID, seed uint64) (*Limiter, error) {
 	if err := rule.Normalize(); err != nil {
@@ -347,9 +348,23 @@ func unacked(own, acked uint64) uint64 {
 }
 
 // draw returns this member's lottery draw in [0, 1) for key in the window
-// containing nowMs: fixed for the window, different across members and keys.
-func (l *Limiter) draw(key string, nowMs int64) float64 {
-	h := l.seed ^ uint64(floorDiv(nowMs, max(l.windowMs, 1)))*0x9e3779b97f4a7c15
+// containing env.NowMs (for a concurrency rule, which has no window: in
+// the millisecond, so every Acquire while the share is below one lease is
+// a new ticket, and capacity freed at the limit goes to the members whose
+// clients ask for it most). The draws of one key and window are one
+// stratified sample over the members: a start U, hashed from the seed, the
+// key and the window alike at every member, plus the member's
+// Rank/Members, modulo 1. So the N members' draws are spaced exactly 1/N
+// apart, and when all of them hold the same fractional share f of a
+// request (the same view of the merged usage), the lottery admits ⌊N·f⌋
+// or ⌈N·f⌉ of them: exactly the room when N·f is whole, as it is for a
+// limit with unit costs. Draws drawn independently per member overshot a
+// small limit whenever two members won the same last unit; stratified,
+// that takes members that disagree on the usage or the membership — or,
+// for leases, tickets drawn in different milliseconds before the first
+// winner's lease reached the others.
+func (l *Limiter) draw(key string, env *Env) float64 {
+	h := l.seed ^ uint64(floorDiv(env.NowMs, max(l.windowMs, 1)))*0x9e3779b97f4a7c15
 	for i := 0; i < len(key); i++ {
 		h ^= uint64(key[i])
 		h *= 1099511628211
@@ -360,7 +375,14 @@ func (l *Limiter) draw(key string, nowMs int64) float64 {
 	h ^= h >> 27
 	h *= 0x94d049bb133111eb
 	h ^= h >> 31
-	return float64(h>>11) / (1 << 53)
+	u := float64(h>>11) / (1 << 53)
+	n := env.members()
+	rank := min(max(env.Rank, 0), int(n)-1)
+	v := u + float64(rank)/n
+	if v >= 1 {
+		v--
+	}
+	return v
 }
 
 func floorDiv(a, b int64) int64 {

@@ -634,25 +634,56 @@ func TestDraw(t *testing.T) {
 	a, _ := newLimiter(t, rule, 7)
 	b, _ := newLimiter(t, rule, 7)
 	x, _ := newLimiter(t, rule, 8)
+	at := func(ms int64, rank, n int) *Env { return &Env{NowMs: ms, Members: n, Rank: rank} }
 
-	d := a.draw("k", t0+1)
+	d := a.draw("k", at(t0+1, 0, 1))
 	if d < 0 || d >= 1 {
 		t.Fatalf("draw = %v, not in [0, 1)", d)
 	}
-	if got := a.draw("k", t0+1); got != d {
+	if got := a.draw("k", at(t0+1, 0, 1)); got != d {
 		t.Errorf("draw not stable: %v then %v", d, got)
 	}
-	if got := b.draw("k", t0+999); got != d {
-		t.Errorf("same seed, key and window: %v, want %v", got, d)
+	if got := b.draw("k", at(t0+999, 0, 1)); got != d {
+		t.Errorf("same seed, key, window and rank: %v, want %v", got, d)
 	}
-	if got := x.draw("k", t0+1); got == d {
+	if got := x.draw("k", at(t0+1, 0, 1)); got == d {
 		t.Errorf("another seed gives the same draw %v", d)
 	}
-	if got := a.draw("k", t0+1000); got == d {
+	if got := a.draw("k", at(t0+1000, 0, 1)); got == d {
 		t.Errorf("the next window gives the same draw %v", d)
 	}
-	if got := a.draw("j", t0+1); got == d {
+	if got := a.draw("j", at(t0+1, 0, 1)); got == d {
 		t.Errorf("another key gives the same draw %v", d)
+	}
+
+	// Stratified: the members' draws for one key and window are spaced
+	// exactly 1/N apart from the common start, modulo 1.
+	const members = 7
+	u := a.draw("k", at(t0+1, 0, members))
+	for r := 0; r < members; r++ {
+		want := u + float64(r)/members
+		if want >= 1 {
+			want--
+		}
+		if got := b.draw("k", at(t0+1, r, members)); math.Abs(got-want) > 1e-12 {
+			t.Errorf("rank %d of %d: draw %v, want %v", r, members, got, want)
+		}
+	}
+	// A rank out of range (a membership view in flux) is clamped, never
+	// a draw outside [0, 1).
+	for _, r := range []int{-3, members, 99} {
+		if v := a.draw("k", at(t0+1, r, members)); v < 0 || v >= 1 {
+			t.Errorf("rank %d: draw %v out of [0, 1)", r, v)
+		}
+	}
+	// A concurrency rule has no window: a new draw every millisecond,
+	// still stratified within it.
+	lc, _ := newLimiter(t, Rule{Name: "conns", Algorithm: Concurrency, Limit: 10, LeaseTTL: time.Minute}, 7)
+	if v0, v1 := lc.draw("k", at(t0, 2, 5)), lc.draw("k", at(t0+1, 2, 5)); v0 == v1 {
+		t.Errorf("concurrency draw did not move with time: %v", v0)
+	}
+	if v0, v2 := lc.draw("k", at(t0, 0, 5)), lc.draw("k", at(t0, 2, 5)); math.Abs(math.Mod(v2-v0+1, 1)-0.4) > 1e-12 {
+		t.Errorf("concurrency draws of ranks 0 and 2 of 5: %v and %v, want 0.4 apart", v0, v2)
 	}
 
 	// Spread: over many keys the draws look uniform on [0, 1).
@@ -660,7 +691,7 @@ func TestDraw(t *testing.T) {
 	var below [10]int
 	const n = 10000
 	for i := 0; i < n; i++ {
-		v := a.draw("key:"+strconv.Itoa(i), t0)
+		v := a.draw("key:"+strconv.Itoa(i), at(t0, 0, 1))
 		if v < 0 || v >= 1 {
 			t.Fatalf("draw %v out of [0, 1)", v)
 		}
@@ -675,73 +706,67 @@ func TestDraw(t *testing.T) {
 			t.Errorf("decile %d holds %d of %d draws, want about %d", i, k, n, n/10)
 		}
 	}
-	// Across seeds too (members draw differently for the same key).
-	sum = 0
-	for seed := uint64(0); seed < n; seed++ {
-		l, _ := newLimiter(t, rule, seed)
-		sum += l.draw("k", t0)
-	}
-	if mean := sum / n; mean < 0.48 || mean > 0.52 {
-		t.Errorf("mean draw over %d seeds = %v, want about 0.5", n, mean)
-	}
 }
 
 // TestLotteryUsesDraw checks that a fractional share admits exactly when
-// the member's draw for the key and window is below share/c.
+// the member's draw for the key and window is below share/c, and that the
+// stratified draws admit exactly the room: 5 members with share 3/5 each
+// admit 3, whatever the start of the draws.
 func TestLotteryUsesDraw(t *testing.T) {
 	rule := Rule{Name: "api", Algorithm: FixedWindow, Limit: 3, Window: time.Second}
-	env := Env{NowMs: t0 + 5, Members: 5, AckDelay: 20 * time.Millisecond}
-	admitted := 0
+	const members = 5
 	for seed := uint64(1); seed <= 200; seed++ {
-		l, _ := newLimiter(t, rule, seed)
-		want := l.draw("k", env.NowMs) < 0.6 // share 3/5
-		d := allow(t, l, "k", Request{}, env)
-		if d.Allowed != want {
-			t.Fatalf("seed %d: allowed %v, draw %v, want %v", seed, d.Allowed, l.draw("k", env.NowMs), want)
-		}
-		if d.Allowed {
-			admitted++
-			// u = 1 now: share 0.6 − 1 < 0 until acknowledged.
-			if d2 := allow(t, l, "k", Request{}, env); d2.Allowed || d2.Reason != ReasonShare {
-				t.Errorf("seed %d: second request %+v, want denied by the share", seed, d2)
+		admitted := 0
+		for rank := 0; rank < members; rank++ {
+			env := Env{NowMs: t0 + 5, Members: members, Rank: rank, AckDelay: 20 * time.Millisecond}
+			l, _ := newLimiter(t, rule, seed)
+			want := l.draw("k", &env) < 0.6 // share 3/5
+			d := allow(t, l, "k", Request{}, env)
+			if d.Allowed != want {
+				t.Fatalf("seed %d rank %d: allowed %v, draw %v, want %v", seed, rank, d.Allowed, l.draw("k", &env), want)
+			}
+			if d.Allowed {
+				admitted++
+				// u = 1 now: share 0.6 − 1 < 0 until acknowledged.
+				if d2 := allow(t, l, "k", Request{}, env); d2.Allowed || d2.Reason != ReasonShare {
+					t.Errorf("seed %d rank %d: second request %+v, want denied by the share", seed, rank, d2)
+				}
 			}
 		}
-	}
-	if admitted < 100 || admitted > 140 {
-		t.Errorf("admitted %d of 200 members with share 0.6, want about 120", admitted)
+		if admitted != 3 {
+			t.Errorf("seed %d: %d of %d members with share 0.6 admitted, want exactly 3", seed, admitted, members)
+		}
 	}
 }
 
 // TestHermesAcrossMembers runs the Hermes case through real limiters: 96
 // members, limit 10 per 1 s window, every member offering one request per
-// window before any acknowledgement. About 10 pass per window, never a
-// stall at zero.
+// window before any acknowledgement. Exactly 10 pass per window (the draws
+// are stratified), never a stall at zero.
 func TestHermesAcrossMembers(t *testing.T) {
 	const members, windows = 96, 100
-	rng := rand.New(rand.NewPCG(1, 2))
 	ls := make([]*Limiter, members)
 	for i := range ls {
-		ls[i], _ = newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second}, rng.Uint64())
+		ls[i], _ = newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second}, 1)
 	}
-	total, zero := 0, 0
+	winners := make(map[int]int) // rank → windows won
 	for w := int64(0); w < windows; w++ {
-		env := Env{NowMs: t0 + w*1000 + 17, Members: members, AckDelay: 40 * time.Millisecond}
 		n := 0
-		for _, l := range ls {
+		for rank, l := range ls {
+			env := Env{NowMs: t0 + w*1000 + 17, Members: members, Rank: rank, AckDelay: 40 * time.Millisecond}
 			if allow(t, l, "k", Request{}, env).Allowed {
 				n++
+				winners[rank]++
 			}
 		}
-		if n == 0 {
-			zero++
+		// Stratified draws: share 10/96 each, so exactly 10 win.
+		if n != 10 {
+			t.Errorf("window %d admitted %d, want exactly 10", w, n)
 		}
-		total += n
 	}
-	if mean := float64(total) / windows; mean < 9 || mean > 11 {
-		t.Errorf("mean admitted per window = %v, want about 10", mean)
-	}
-	if zero > 1 {
-		t.Errorf("%d of %d windows admitted nothing", zero, windows)
+	// The winners move from window to window: no member is starved.
+	if len(winners) < members/2 {
+		t.Errorf("only %d of %d members ever won in %d windows", len(winners), members, windows)
 	}
 }
 
@@ -793,7 +818,7 @@ func TestAllowMatchesReference(t *testing.T) {
 					t.Fatal(err)
 				}
 				u := l.Usage(key, now)
-				want := l.Rule().Decide(ch.Limit, ch.Cost, u, env, l.draw(key, now))
+				want := l.Rule().Decide(ch.Limit, ch.Cost, u, env, l.draw(key, &env))
 				if got := l.Decide(ch, env); got != want {
 					t.Fatalf("seed %d step %d: Decide(%+v, %+v) = %+v, want %+v (usage %+v)", seed, step, ch, env, got, want, u)
 				}

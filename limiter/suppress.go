@@ -69,19 +69,20 @@ func (t *thinning) take(p float64) bool {
 // thin reports whether a suppressed request at fraction p is admitted: for
 // a Limiter, through its per-key accumulator; for the pure Rule.Decide,
 // iff draw < p.
-func (t *lottery) thin(nowMs int64, p float64) bool {
+func (t *lottery) thin(env *Env, p float64) bool {
 	if t.l == nil {
 		return t.draw < p
 	}
-	return t.l.thin(t.key, nowMs, p)
+	return t.l.thin(t.key, env, p)
 }
 
 // thin is the member's per-key thinning of a suppressed key. A new
-// accumulator starts at the member's lottery draw for the key and window,
-// so members that see a flood at the same moment do not admit in step.
+// accumulator starts at the member's lottery draw for the key and window;
+// the draws are stratified over the members, so members that see a flood
+// at the same moment admit evenly staggered, never in step.
 // Accumulators unused for two windows are dropped as the windows turn.
-func (l *Limiter) thin(key string, nowMs int64, p float64) bool {
-	idx := floorDiv(nowMs, l.windowMs)
+func (l *Limiter) thin(key string, env *Env, p float64) bool {
+	idx := floorDiv(env.NowMs, l.windowMs)
 	if idx != l.thinWin {
 		for k, t := range l.thins {
 			if t.win < idx-1 {
@@ -95,7 +96,7 @@ func (l *Limiter) thin(key string, nowMs int64, p float64) bool {
 		if l.thins == nil {
 			l.thins = make(map[string]*thinning)
 		}
-		t = &thinning{acc: l.draw(key, nowMs)}
+		t = &thinning{acc: l.draw(key, env)}
 		l.thins[key] = t
 	}
 	t.win = idx

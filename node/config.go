@@ -67,8 +67,11 @@ type CoreConfig struct {
 	// for measuring what mesh time buys (the simulator's clock-skew
 	// comparison); the zero value, false, keeps mesh time on.
 	LocalClock bool
-	// Rand is the member's seeded source of randomness (lottery draws). It
-	// must not be shared with other goroutines.
+	// Rand is the member's seeded source of randomness, so that anything
+	// the core randomises replays from its seed. It must not be shared
+	// with other goroutines. (The share lottery does not draw from it: its
+	// draws are stratified over the mesh from a hash every member computes
+	// alike, with limiter seed 0; see limiter.New.)
 	Rand *rand.Rand
 }
 

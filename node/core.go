@@ -119,6 +119,7 @@ type Core struct {
 	members map[string]*member
 	order   []*member // sorted by peer: deterministic iteration
 	n       int       // live members, self included
+	rank    int       // self's place among the n live members, by peer
 	scale   float64   // partition scale of every limit
 
 	seq       uint64
@@ -187,7 +188,7 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 	c.selfID = c.intern(c.self, nil)
 	rules := make([]limiter.Rule, len(cfg.Rules))
 	for i, r := range cfg.Rules {
-		l, err := limiter.New(r, c.c, c.selfID, cfg.Rand.Uint64())
+		l, err := limiter.New(r, c.c, c.selfID, 0) // one lottery seed mesh-wide: stratified draws
 		if err != nil {
 			return nil, err
 		}
@@ -268,6 +269,7 @@ func (c *Core) env(now time.Time) limiter.Env {
 	return limiter.Env{
 		NowMs:    c.MeshMs(now),
 		Members:  c.n,
+		Rank:     c.rank,
 		Scale:    c.scale,
 		AckDelay: 2 * c.cfg.SyncInterval,
 	}
@@ -620,16 +622,21 @@ func (c *Core) setState(m *member, s State) {
 }
 
 func (c *Core) recount() {
-	alive, suspect := 1, 0
+	alive, suspect, rank := 1, 0, 0
 	for _, m := range c.order {
 		switch m.state {
 		case Alive:
 			alive++
 		case Suspect:
 			suspect++
+		default:
+			continue
+		}
+		if m.peer < c.self.Peer {
+			rank++
 		}
 	}
-	c.n = alive + suspect
+	c.n, c.rank = alive+suspect, rank
 	c.scale = 1
 	if c.cfg.Policy == Strict && suspect > 0 {
 		c.scale = float64(alive) / float64(alive+suspect)

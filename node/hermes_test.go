@@ -266,3 +266,45 @@ func meanSD(xs []float64) (mean, sd float64) {
 	}
 	return mean, math.Sqrt(sd / float64(len(xs)))
 }
+
+// TestCoreSmallLimitStratifiedLottery is the small-limit overshoot the
+// share lottery had with draws independent per member: 5 cores, a limit of
+// 3 per hour, every core asked for every key at the same instant before
+// any of them merged another's admission. Each core's share is 3/5 of a
+// request; stratified draws (spaced 1/5 apart from a start all cores
+// compute alike) admit exactly 3 per key. Independent draws would admit 4
+// or 5 for about a third of the keys.
+func TestCoreSmallLimitStratifiedLottery(t *testing.T) {
+	const (
+		cores = 5
+		limit = 3
+		keys  = 300
+	)
+	const seed = 35
+	reportSeed(t, seed)
+	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: limit, Window: time.Hour}}
+	net := cluster(t, cores, seed, rules, nil)
+	run(t, net, 2*time.Second, nil) // every core holds the others alive
+	for i := range cores {
+		if n, _ := net.Core(i).Members(); n != cores {
+			t.Fatalf("core %d counts %d live members, want %d", i, n, cores)
+		}
+	}
+	admitted := make([]int, keys)
+	for k := range keys {
+		for i := range cores {
+			admitted[k] += allowN(t, net, i, "api", fmt.Sprintf("k%d", k), 1)
+		}
+	}
+	run(t, net, time.Second, nil) // merged and acknowledged everywhere
+	for k := range keys {
+		for i := range cores {
+			admitted[k] += allowN(t, net, i, "api", fmt.Sprintf("k%d", k), 1)
+		}
+	}
+	for k, got := range admitted {
+		if got != limit {
+			t.Errorf("key k%d: %d admitted, want exactly %d", k, got, limit)
+		}
+	}
+}
