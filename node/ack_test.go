@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -291,5 +292,56 @@ func TestCoreNackOfEmptyBatchResendsNothing(t *testing.T) {
 	}
 	if sent := after.EntriesSent - before.EntriesSent; sent != 0 {
 		t.Errorf("a nacked heartbeat made the author re-send %d entries, want 0", sent)
+	}
+}
+
+// TestCoreLostNackIsRepeated drops a batch to one receiver and then the
+// receiver's first nack of it. The receiver's acknowledgement passes the
+// gap at once, so with a single nack the author would count the lost
+// batch acknowledged and never send it again (repairs off here); the nack
+// is repeated in the receiver's next batches, the author serves the first
+// copy that arrives and ignores the rest.
+func TestCoreLostNackIsRepeated(t *testing.T) {
+	const seed = 23
+	reportSeed(t, seed)
+	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 1000, Window: 20 * time.Second}}
+	net := cluster(t, 3, seed, rules, func(c *node.CoreConfig) { c.RepairInterval = time.Hour })
+	net.Delay = 5 * time.Millisecond
+	run(t, net, 100*time.Millisecond, nil)
+
+	droppedBatch, droppedNacks := 0, 0
+	net.Filter = func(from, to int, b *crdt.Batch) bool {
+		if from == 0 && to == 1 && droppedBatch == 0 && slices.ContainsFunc(b.Windows, func(e crdt.WindowEntry) bool { return e.Key == "lost" }) {
+			droppedBatch++
+			return false
+		}
+		if from == 1 && to == 0 && droppedNacks == 0 && len(b.Nacks) > 0 {
+			droppedNacks++
+			return false
+		}
+		return true
+	}
+	if got := allowN(t, net, 0, "api", "lost", 3); got != 3 {
+		t.Fatalf("admitted %d of 3", got)
+	}
+	run(t, net, 30*time.Millisecond, nil)
+	if got := allowN(t, net, 0, "api", "other", 1); got != 1 { // reveals the gap
+		t.Fatal("not admitted")
+	}
+	start := net.Now()
+	for net.Now().Sub(start) < 500*time.Millisecond && total(t, net.Core(1), net.Local(1), "api", "lost") != 3 {
+		run(t, net, time.Millisecond, nil)
+	}
+	if droppedBatch != 1 || droppedNacks != 1 {
+		t.Fatalf("dropped %d batches and %d nacks, want 1 and 1", droppedBatch, droppedNacks)
+	}
+	if got := total(t, net.Core(1), net.Local(1), "api", "lost"); got != 3 {
+		t.Fatalf("member 1 knows %d of the lost batch's 3 after its nack was lost too", got)
+	}
+	t.Logf("converged %v after the gap was revealed", net.Now().Sub(start))
+	run(t, net, 200*time.Millisecond, nil) // every repeat delivered
+	s0, s1 := net.Core(0).Stats(), net.Core(1).Stats()
+	if s1.NacksSent != 1 || s0.NacksReceived != 1 {
+		t.Errorf("nacks: member 1 sent %d, member 0 served %d; want 1 and 1 (repeats are not counted or served twice)", s1.NacksSent, s0.NacksReceived)
 	}
 }

@@ -34,6 +34,16 @@ const (
 	batchEntries = 2000    // entries per published batch; well under crdt.MaxBatchBytes
 	ringCap      = 1 << 14 // published batches awaiting acknowledgement
 	maxGaps      = 64      // missing seqs tracked per member before asking for everything
+	// nackRepeats is how many consecutive batches of ours nack one gap.
+	// Our acknowledgement watermark passes a gap at once (the nack says
+	// what it excludes), so a nack lost on its way would leave the gap
+	// acknowledged and its entries missing here for good; three copies
+	// make that a cube of the loss rate. The author serves the first copy
+	// and ignores the others (Core.nacked).
+	nackRepeats = 3
+	// nackedMemory is how many recently nacked seqs of ours we remember,
+	// to tell a repeated nack from one of a batch we no longer hold.
+	nackedMemory = 256
 	evictMemory  = time.Minute
 )
 
@@ -127,6 +137,9 @@ type Core struct {
 	repairWin map[*crdt.Window]struct{}
 	repairLs  map[*crdt.Series]struct{}
 	resendAll bool
+	// nackedSeqs are the latest seqs of ours served a nack (oldest
+	// first, at most nackedMemory), so their repeats are ignored.
+	nackedSeqs []uint64
 	needAck   bool
 	lastAck   int64 // the Ack of the last gossip batch we sent
 	offsetMs  int64
@@ -766,13 +779,13 @@ func (c *Core) track(m *member, b *crdt.Batch) {
 	case b.Seq > m.lastSeq+1:
 		for s := m.lastSeq + 1; s < b.Seq; s++ {
 			if len(m.gaps) >= maxGaps {
-				m.gaps = append(m.gaps[:0], 0) // 0: send everything again
+				m.gaps = append(m.gaps[:0], gap{}) // seq 0: send everything again
 				break
 			}
-			m.gaps = append(m.gaps, s)
+			m.gaps = append(m.gaps, gap{seq: s})
 		}
 	default: // a late or duplicate batch may fill a gap
-		if i := slices.Index(m.gaps, b.Seq); i >= 0 {
+		if i := slices.IndexFunc(m.gaps, func(g gap) bool { return g.seq == b.Seq }); i >= 0 {
 			m.gaps = slices.Delete(m.gaps, i, i+1)
 		}
 	}
@@ -812,6 +825,7 @@ func (c *Core) reincarnate(now time.Time) {
 	}
 	c.leases = make(map[string]*lease)
 	c.ring = c.ring[:0]
+	c.nackedSeqs = c.nackedSeqs[:0]
 	c.seq = 0
 	c.newInc = inc
 }
@@ -819,16 +833,21 @@ func (c *Core) reincarnate(now time.Time) {
 // nacked handles a peer's report that it missed our batch seq: that batch's
 // entries are published again and never count as acknowledged through it.
 func (c *Core) nacked(seq uint64) {
-	c.stats.NacksReceived++
 	i, ok := slices.BinarySearchFunc(c.ring, seq, func(sb sentBatch, s uint64) int { return cmpU64(sb.seq, s) })
-	if seq == 0 || !ok {
+	switch {
+	case seq != 0 && ok && c.ring[i].nacked, seq != 0 && !ok && slices.Contains(c.nackedSeqs, seq):
+		return // a repeat (nackRepeats) of a nack already served
+	case seq == 0 || !ok:
+		c.stats.NacksReceived++
 		c.resendAll = true
 		return
 	}
-	sb := &c.ring[i]
-	if sb.nacked {
-		return
+	c.stats.NacksReceived++
+	if len(c.nackedSeqs) >= nackedMemory {
+		c.nackedSeqs = append(c.nackedSeqs[:0], c.nackedSeqs[1:]...)
 	}
+	c.nackedSeqs = append(c.nackedSeqs, seq)
+	sb := &c.ring[i]
 	sb.nacked = true
 	for _, sw := range sb.wins {
 		c.c.MarkDirty(sw.w)
@@ -1208,18 +1227,7 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		c.nextRepair = now.Add(c.cfg.RepairInterval)
 		wins, ls = c.repairSet(wins, ls)
 	}
-	var nacks []crdt.Nack
-	for _, m := range c.order {
-		if len(m.gaps) > 0 && m.state != Dead && m.state != Left {
-			for _, g := range m.gaps {
-				nacks = append(nacks, crdt.Nack{Slot: crdt.Slot{Peer: m.peer, Incarnation: m.inc}, Seq: g})
-			}
-			m.gaps = m.gaps[:0]
-		}
-	}
-	if len(nacks) > crdt.MaxNacks {
-		nacks = nacks[:crdt.MaxNacks]
-	}
+	nacks := c.takeNacks()
 	due := len(wins)+len(ls) > 0 || c.needAck || len(nacks) > 0 || flags != 0 ||
 		now.Sub(c.lastSent) >= c.cfg.Heartbeat || c.lastSent.IsZero() || c.ackOwed()
 	if !due {
@@ -1228,8 +1236,35 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 	c.needAck = false
 	c.lastAck = c.watermark()
 	c.lastSent = now
-	c.stats.NacksSent += uint64(len(nacks))
 	return c.build(now, wins, ls, nacks, flags, true)
+}
+
+// takeNacks returns the nacks for the next batch: every gap of a member
+// that is neither dead nor gone, each in nackRepeats consecutive batches,
+// at most crdt.MaxNacks (the rest wait for the next batch). Stats count a
+// gap once, at its first nack.
+func (c *Core) takeNacks() []crdt.Nack {
+	var nacks []crdt.Nack
+	for _, m := range c.order {
+		if len(m.gaps) == 0 || m.state == Dead || m.state == Left {
+			continue
+		}
+		keep := m.gaps[:0]
+		for _, g := range m.gaps {
+			if len(nacks) < crdt.MaxNacks {
+				nacks = append(nacks, crdt.Nack{Slot: crdt.Slot{Peer: m.peer, Incarnation: m.inc}, Seq: g.seq})
+				if g.sent == 0 {
+					c.stats.NacksSent++
+				}
+				g.sent++
+			}
+			if g.sent < nackRepeats {
+				keep = append(keep, g)
+			}
+		}
+		m.gaps = keep
+	}
+	return nacks
 }
 
 // build turns entries into batches of at most batchEntries each. Gossip

@@ -74,7 +74,7 @@ type member struct {
 	heardSent int64  // Sent of the latest gossip batch merged
 	entrySent int64  // Sent of the latest gossip batch with entries merged
 	ackW      int64  // the member's latest acknowledgement watermark
-	gaps      []uint64
+	gaps      []gap  // missing seqs still to nack
 
 	// Clock estimation (the pure math is at the end of this file).
 	// clockMs is the estimate of the member's raw clock minus ours that
@@ -105,6 +105,13 @@ type member struct {
 	echoedAt    int64 // our raw clock when we last echoed the member
 	hasEchoed   bool
 	echoes      bool // its latest batch set crdt.FlagEcho: it understands echoes
+}
+
+// gap is a missing seq of a member's gossip, nacked in nackRepeats
+// consecutive batches of ours (seq 0: send everything again).
+type gap struct {
+	seq  uint64
+	sent uint8 // how many of our batches have nacked it so far
 }
 
 // clockSample records one one-way clock sample (their Clock − our raw
