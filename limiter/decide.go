@@ -225,7 +225,10 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 		case share >= c:
 			d.Allowed = true
 		case share > 0 && room:
-			d.Allowed = lot.value(env) < share/c
+			// The lottery for a fractional share (closed for leases
+			// while a new epoch's draws wait for the last epoch's
+			// winners to be merged everywhere).
+			d.Allowed = !(r.Algorithm == Concurrency && leaseGuard(env)) && lot.value(env) < share/c
 		}
 		if d.Allowed {
 			d.Reason = ReasonAdmitted

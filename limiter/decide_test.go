@@ -197,6 +197,21 @@ func TestDecide(t *testing.T) {
 			Decision{Limit: 3, Remaining: 0, RetryAfter: DefaultLeaseTTL, Reason: ReasonLimit}},
 		{"concurrency ignores prev", conc, 3, 1, Usage{Cur: 2, Prev: 3}, n1(t0 + 250), 0.99,
 			Decision{Allowed: true, Limit: 3, Remaining: 0}},
+		// Leases draw per epoch of 10 acknowledgement delays (400 ms here,
+		// t0 starts one) and the lottery is closed for the first delay:
+		// share 3/5 is a draw, denied at t0+10 whatever the draw, …
+		{"concurrency lottery closed at an epoch's start", conc, 3, 1, Usage{}, n5(t0 + 10), 0,
+			Decision{Limit: 3, Remaining: 3, RetryAfter: ack, Reason: ReasonShare}},
+		{"concurrency lottery closed until the delay ends", conc, 3, 1, Usage{}, n5(t0 + 439), 0,
+			Decision{Limit: 3, Remaining: 3, RetryAfter: ack, Reason: ReasonShare}},
+		// … open after it, …
+		{"concurrency lottery open after the delay", conc, 3, 1, Usage{}, n5(t0 + 40), 0.59,
+			Decision{Allowed: true, Limit: 3, Remaining: 2}},
+		{"concurrency lottery open, draw lost", conc, 3, 1, Usage{}, n5(t0 + 399), 0.6,
+			Decision{Limit: 3, Remaining: 3, RetryAfter: ack, Reason: ReasonShare}},
+		// … and a whole share needs no draw, so it passes in the guard.
+		{"concurrency whole share in the guard", conc, 10, 1, Usage{}, n5(t0 + 10), 0.99,
+			Decision{Allowed: true, Limit: 10, Remaining: 9}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

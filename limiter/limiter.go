@@ -349,22 +349,24 @@ func unacked(own, acked uint64) uint64 {
 
 // draw returns this member's lottery draw in [0, 1) for key in the window
 // containing env.NowMs (for a concurrency rule, which has no window: in
-// the millisecond, so every Acquire while the share is below one lease is
-// a new ticket, and capacity freed at the limit goes to the members whose
-// clients ask for it most). The draws of one key and window are one
-// stratified sample over the members: a start U, hashed from the seed, the
-// key and the window alike at every member, plus the member's
+// the lease epoch, see leaseEpochMs). The draws of one key and window are
+// one stratified sample over the members: a start U, hashed from the
+// seed, the key and the window alike at every member, plus the member's
 // Rank/Members, modulo 1. So the N members' draws are spaced exactly 1/N
 // apart, and when all of them hold the same fractional share f of a
 // request (the same view of the merged usage), the lottery admits ⌊N·f⌋
 // or ⌈N·f⌉ of them: exactly the room when N·f is whole, as it is for a
-// limit with unit costs. Draws drawn independently per member overshot a
-// small limit whenever two members won the same last unit; stratified,
-// that takes members that disagree on the usage or the membership — or,
-// for leases, tickets drawn in different milliseconds before the first
-// winner's lease reached the others.
+// limit with unit costs. A member that has not yet merged another's
+// admission sees more room, but the winners of a larger room include the
+// winners of the smaller one, so that adds no winner beyond the room the
+// first admission was taken from. Draws drawn independently per member
+// overshot a small limit whenever two members won the same last unit.
 func (l *Limiter) draw(key string, env *Env) float64 {
-	h := l.seed ^ uint64(floorDiv(env.NowMs, max(l.windowMs, 1)))*0x9e3779b97f4a7c15
+	per := l.windowMs
+	if per <= 0 {
+		per = leaseEpochMs(env)
+	}
+	h := l.seed ^ uint64(floorDiv(env.NowMs, per))*0x9e3779b97f4a7c15
 	for i := 0; i < len(key); i++ {
 		h ^= uint64(key[i])
 		h *= 1099511628211
@@ -394,4 +396,27 @@ func floorDiv(a, b int64) int64 {
 		q--
 	}
 	return q
+}
+
+// leaseEpochMs is how long a concurrency rule's lottery draws hold: ten
+// acknowledgement delays (400 ms at the default 20 ms sync interval). A
+// windowed rule's draws hold for its window, whose usage starts afresh; a
+// lease outlives any epoch, so the draws must move (or a member whose
+// clients never ask would keep the freed capacity forever), and a lease
+// won under one epoch's draws must reach every member before the next
+// epoch's draws can pick another winner for the same unit: see leaseGuard.
+func leaseEpochMs(env *Env) int64 { return max(10*env.AckDelay.Milliseconds(), 1) }
+
+// leaseGuard reports whether env.NowMs falls in the first acknowledgement
+// delay of a lease epoch, when the lottery is closed: an Acquire within
+// the member's whole share still passes, one that needs a draw is denied
+// with the share as its reason. By the time the lottery opens, every lease
+// won in the epoch before has been merged by every member that delivers
+// within the acknowledgement delay, so the new epoch's draws divide only
+// room that is really free. Without the guard, leases won by different
+// epochs' draws a few milliseconds apart overshot the limit by a lease or
+// two (connections: 101–102 of 100).
+func leaseGuard(env *Env) bool {
+	e := leaseEpochMs(env)
+	return env.NowMs-floorDiv(env.NowMs, e)*e < env.AckDelay.Milliseconds()
 }

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -883,5 +884,43 @@ func TestUnlimitedNeverShadowed(t *testing.T) {
 	want = Decision{Allowed: true, Limit: 1, ResetAfter: time.Second, Reason: ReasonUnlimited}
 	if d := allow(t, win, "k", Request{Class: "node"}, env); d != want {
 		t.Errorf("unlimited request on a full shadow rule: %+v, want %+v", d, want)
+	}
+}
+
+// TestLeaseLotteryStratified: 5 members, a concurrency limit of 3, no
+// lease held: each member's share is 3/5 of a lease, so every Acquire is
+// a draw, and the stratified draws of one epoch admit exactly 3 of the 5
+// members for every key — in any millisecond of the epoch once its guard
+// is over, and none within the guard.
+func TestLeaseLotteryStratified(t *testing.T) {
+	const members, limit = 5, 3
+	rule := Rule{Name: "conn", Algorithm: Concurrency, Limit: limit, LeaseTTL: time.Minute}
+	ls := make([]*Limiter, members)
+	for i := range ls {
+		ls[i], _ = newLimiter(t, rule, 0)
+	}
+	live := func(crdt.SlotID) bool { return true }
+	for k := range 200 {
+		key := fmt.Sprintf("user%d", k)
+		for _, at := range []int64{t0 + 40, t0 + 41 + int64(k), t0 + 399} {
+			admitted, guarded := 0, 0
+			for rank, l := range ls {
+				ch, err := l.ResolveLease(key, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				env := Env{NowMs: at, Members: members, Rank: rank, AckDelay: 40 * time.Millisecond}
+				if l.DecideLease(ch, env, live).Allowed {
+					admitted++
+				}
+				env.NowMs = at - at%400 + 39 // the same epoch's guard
+				if l.DecideLease(ch, env, live).Allowed {
+					guarded++
+				}
+			}
+			if admitted != limit || guarded != 0 {
+				t.Fatalf("key %s at t0+%d: %d members admitted, %d in the guard; want %d and 0", key, at-t0, admitted, guarded, limit)
+			}
+		}
 	}
 }
