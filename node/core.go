@@ -140,13 +140,13 @@ type Core struct {
 	// nackedSeqs are the latest seqs of ours served a nack (oldest
 	// first, at most nackedMemory), so their repeats are ignored.
 	nackedSeqs []uint64
-	needAck   bool
-	lastAck   int64 // the Ack of the last gossip batch we sent
-	offsetMs  int64
-	samples   []int64
-	selfTag   uint32    // crdt.PeerTag of our peer ID: echoes of our clock carry it
-	echoQ     []*member // members owing an echo, in the order they came to owe it
-	echoOK    bool      // every live member has announced crdt.FlagEcho
+	needAck    bool
+	lastAck    int64 // the Ack of the last gossip batch we sent
+	offsetMs   int64
+	samples    []int64
+	selfTag    uint32    // crdt.PeerTag of our peer ID: echoes of our clock carry it
+	echoQ      []*member // members owing an echo, in the order they came to owe it
+	echoOK     bool      // every live member has announced crdt.FlagEcho
 
 	lastRule string           // the rule of the latest decision, and
 	lastLim  *limiter.Limiter // its limiter; nil when SetRules replaced them
