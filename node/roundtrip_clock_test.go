@@ -188,8 +188,9 @@ func TestCoreEchoes(t *testing.T) {
 }
 
 // TestCoreEchoesRotate checks that echoes rotate: a core that heard ten
-// peers echoes the four that have waited longest in each batch, in the
-// order it heard them, until every one has had its echo.
+// peers echoes the one that has waited longest in each batch (one echo per
+// batch, node's echoesPerBatch), in the order it heard them, until every
+// one has had its echo.
 func TestCoreEchoesRotate(t *testing.T) {
 	c := newCore(t, "n00", 1, t0, apiRule(limiter.FixedWindow, 1_000_000), nil)
 	now := t0
@@ -203,8 +204,9 @@ func TestCoreEchoesRotate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	const perBatch = 1 // echoesPerBatch
 	var got [][]uint32
-	for len(got) < 4 {
+	for len(got) < 10/perBatch+1 {
 		now = now.Add(20 * time.Millisecond)
 		// A change makes a batch due at every sync.
 		if d, err := c.Allow(now, "api", "k", limiter.Request{}); err != nil || !d.Allowed {
@@ -220,7 +222,11 @@ func TestCoreEchoesRotate(t *testing.T) {
 		}
 		got = append(got, tags)
 	}
-	want := [][]uint32{order[:4], order[4:8], order[8:], nil}
+	var want [][]uint32
+	for i := 0; i < 10; i += perBatch {
+		want = append(want, order[i:min(i+perBatch, 10)])
+	}
+	want = append(want, nil)
 	for i := range want {
 		if !slices.Equal(got[i], want[i]) {
 			t.Errorf("batch %d echoes %v, want %v", i, got[i], want[i])
