@@ -137,6 +137,11 @@ type Core struct {
 	repairWin map[*crdt.Window]struct{}
 	repairLs  map[*crdt.Series]struct{}
 	resendAll bool
+	// persistDirty holds the windows of at least persistMinMs whose
+	// values may have grown since the attached Persister's last export;
+	// nil without a Persister (see notePersist).
+	persistDirty map[*crdt.Window]struct{}
+	persistMinMs int64
 	// nackedSeqs are the latest seqs of ours served a nack (oldest
 	// first, at most nackedMemory), so their repeats are ignored.
 	nackedSeqs []uint64
@@ -903,6 +908,7 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
 		w := set.Ensure(e.Key).EnsureWindow(e.WindowMs, e.Window)
 		if w.Raise(id, e.Admitted, e.Attempted) {
 			raised++
+			c.notePersist(w)
 		}
 	}
 	for i := range b.Leases {
@@ -1222,6 +1228,7 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 	wins, ls := c.c.TakeDirty()
 	for _, w := range wins {
 		c.repairWin[w] = struct{}{}
+		c.notePersist(w)
 	}
 	for _, s := range ls {
 		c.repairLs[s] = struct{}{}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -19,16 +20,29 @@ import (
 // the leases the member owns with their expiry. Shorter windows end before
 // a restart could matter; other members' leases are theirs to keep.
 //
+// A Persister attaches itself to its core (see NewPersister), which from
+// then on records the persisted windows that change, so that an export
+// looks at those windows only. A core has at most one Persister.
+//
 // A Persister is not safe for concurrent use: serialise its calls with the
 // core's (the runtime holds the node's mutex).
 type Persister struct {
 	c           *Core
 	minWindowMs int64
-	seen        map[*crdt.Window]winMark
-	gen         uint32
-	leases      map[string]time.Time // what the store holds: ID → expiry
-	released    []string             // releases a failed flush did not write
-	full        bool                 // export everything next time
+	// seen holds what the store has (or was sent) of every persisted
+	// window, and expiring holds the same windows by the mesh time they
+	// expire at (crdt.Window.Expired), when an export forgets them.
+	seen     map[*crdt.Window]winMark
+	expiring map[int64][]*crdt.Window
+	gen      uint32
+	// The rules of the last export: after a change (Core.SetRules) the
+	// next export walks every window, as do the first one and the one
+	// after a failed write (full).
+	rulesHash uint64
+	walk      bool                 // walk every window next time
+	leases    map[string]time.Time // what the store holds: ID → expiry
+	released  []string             // releases a failed flush did not write
+	full      bool                 // export everything next time
 }
 
 type winMark struct {
@@ -37,13 +51,28 @@ type winMark struct {
 }
 
 // NewPersister returns a Persister over c that persists windows of at least
-// minWindow. A minWindow ≤ 0 persists every window.
+// minWindow. A minWindow ≤ 0 persists every window. It attaches to c,
+// replacing any Persister attached before.
 func NewPersister(c *Core, minWindow time.Duration) *Persister {
-	return &Persister{
+	p := &Persister{
 		c:           c,
 		minWindowMs: max(minWindow.Milliseconds(), 1),
 		seen:        make(map[*crdt.Window]winMark),
+		expiring:    make(map[int64][]*crdt.Window),
 		leases:      make(map[string]time.Time),
+		rulesHash:   c.rulesHash,
+		walk:        true, // the core may hold windows changed before
+	}
+	c.persistDirty = make(map[*crdt.Window]struct{})
+	c.persistMinMs = p.minWindowMs
+	return p
+}
+
+// notePersist records that the merged values of w may have grown, for the
+// next export of the attached Persister. Without one it does nothing.
+func (c *Core) notePersist(w *crdt.Window) {
+	if c.persistDirty != nil && w.WindowMs >= c.persistMinMs {
+		c.persistDirty[w] = struct{}{}
 	}
 }
 
@@ -86,11 +115,11 @@ func (p *Persister) Restore(now time.Time, recs []WindowRecord, leases []Lease) 
 		w.Attempted.Raise(id, r.Attempted)
 		st.Windows++
 	}
-	// What was restored is on disk already: mark it exported.
-	p.gen++
-	p.eachWindow(nowMs, func(w *crdt.Window) {
-		p.seen[w] = winMark{w.Admitted.Value(), w.Attempted.Value(), p.gen}
-	})
+	// What was restored is on disk already: mark it exported. Every
+	// window is known now, so the next export looks at changes only.
+	p.walkAll(nowMs, nil, false)
+	p.walk, p.rulesHash = false, c.rulesHash
+	clear(c.persistDirty)
 	for _, ls := range leases {
 		p.leases[ls.ID] = ls.Expires // on disk: released below unless restored
 		l := c.limiters[ls.Rule]
@@ -124,43 +153,54 @@ func (p *Persister) eachWindow(nowMs int64, f func(w *crdt.Window)) {
 	}
 }
 
+// persisted reports whether w is one of the windows eachWindow would visit
+// at nowMs: of a persisted rule, long enough, not expired, still held.
+func (p *Persister) persisted(w *crdt.Window, nowMs int64) bool {
+	if w.WindowMs < p.minWindowMs || w.Expired(nowMs) {
+		return false
+	}
+	s := w.Series()
+	rs := s.Rule()
+	l := p.c.limiters[rs.Name]
+	if l == nil || l.Set() != rs {
+		return false
+	}
+	if r := l.Rule(); r.Algorithm == limiter.Concurrency || r.WindowMs() < p.minWindowMs {
+		return false
+	}
+	// Not collected since it changed (mesh time may step back).
+	return rs.Series(s.Key) == s && slices.Contains(s.Windows, w)
+}
+
 // Export returns what changed since the last export at now: the records of
 // every persisted window whose merged values grew (all its slots), the
 // leases acquired or renewed, the leases released or expired, and the mesh
-// time before which the store may collect. It costs a walk over the
-// persisted windows, and a record per slot of each changed window.
+// time before which the store may collect.
+//
+// It looks at the windows the core recorded as changed since the last
+// export, and costs a record per slot of each window that grew. The first
+// export, the one after a failed write (see Done) and the one after the
+// rules changed walk every persisted window instead.
 func (p *Persister) Export(now time.Time) Flush {
 	c := p.c
 	nowMs := c.MeshMs(now)
 	f := Flush{CollectBeforeMs: nowMs}
-	p.gen++
 	full := p.full
 	p.full = false
-	p.eachWindow(nowMs, func(w *crdt.Window) {
-		m := winMark{w.Admitted.Value(), w.Attempted.Value(), p.gen}
-		old, ok := p.seen[w]
-		p.seen[w] = m
-		if ok && !full && old.admitted == m.admitted && old.attempted == m.attempted {
-			return
-		}
-		s := w.Series()
-		rec := WindowRecord{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index}
-		w.Attempted.Each(func(id crdt.SlotID, att uint64) {
-			rec.Slot, rec.Admitted, rec.Attempted = c.slots.Slot(id), w.Admitted.Get(id), att
-			f.Windows = append(f.Windows, rec)
-		})
-		w.Admitted.Each(func(id crdt.SlotID, adm uint64) {
-			if w.Attempted.Get(id) == 0 {
-				rec.Slot, rec.Admitted, rec.Attempted = c.slots.Slot(id), adm, 0
-				f.Windows = append(f.Windows, rec)
-			}
-		})
-	})
-	for w, m := range p.seen {
-		if m.gen != p.gen {
-			delete(p.seen, w) // collected
-		}
+	if full || p.walk || p.rulesHash != c.rulesHash {
+		p.walkAll(nowMs, &f, full)
+		p.walk, p.rulesHash = false, c.rulesHash
+	} else {
+		p.forgetExpired(nowMs)
+		p.exportChanged(nowMs, &f)
 	}
+	if len(c.persistDirty) > 4096 {
+		// After a burst: a map keeps its size, and clearing costs that.
+		c.persistDirty = make(map[*crdt.Window]struct{})
+	} else {
+		clear(c.persistDirty)
+	}
+
 	f.Released, p.released = p.released, nil
 	for id := range p.leases {
 		if c.leases[id] == nil {
@@ -178,6 +218,100 @@ func (p *Persister) Export(now time.Time) Flush {
 	}
 	sort.Slice(f.Leases, func(i, j int) bool { return f.Leases[i].ID < f.Leases[j].ID })
 	return f
+}
+
+// walkAll visits every persisted window at nowMs, appends to f (unless it
+// is nil) the records of those whose values grew since seen, or of all of
+// them when all is true, and rebuilds seen and expiring from what it
+// visited.
+func (p *Persister) walkAll(nowMs int64, f *Flush, all bool) {
+	p.gen++
+	p.eachWindow(nowMs, func(w *crdt.Window) { p.export(w, f, all) })
+	clear(p.expiring)
+	for w, m := range p.seen {
+		if m.gen != p.gen {
+			delete(p.seen, w) // collected, or no longer persisted
+			continue
+		}
+		at := expiresAt(w)
+		p.expiring[at] = append(p.expiring[at], w)
+	}
+}
+
+// exportChanged appends to f the records of the windows changed since the
+// last export whose values grew: those the core recorded (its merges, and
+// its own admissions the run loop published) and its own admissions still
+// waiting in the container's dirty set.
+func (p *Persister) exportChanged(nowMs int64, f *Flush) {
+	c := p.c
+	// Read the dirty set without consuming it: gossip publishes it next.
+	ws, ls := c.c.TakeDirty()
+	for _, w := range ws {
+		c.c.MarkDirty(w)
+	}
+	for _, s := range ls {
+		c.c.MarkLeasesDirty(s)
+	}
+	for _, w := range ws {
+		if p.persisted(w, nowMs) {
+			p.exportNew(w, f)
+		}
+	}
+	for w := range c.persistDirty {
+		if p.persisted(w, nowMs) {
+			p.exportNew(w, f)
+		}
+	}
+}
+
+// exportNew is export for a window found changed, indexing it by expiry
+// when it is new to seen.
+func (p *Persister) exportNew(w *crdt.Window, f *Flush) {
+	if p.export(w, f, false) {
+		at := expiresAt(w)
+		p.expiring[at] = append(p.expiring[at], w)
+	}
+}
+
+// export records w's values in seen and, when they grew since seen or all
+// is true, appends w's records (one per slot) to f unless f is nil. It
+// reports whether w was new to seen.
+func (p *Persister) export(w *crdt.Window, f *Flush, all bool) (added bool) {
+	m := winMark{w.Admitted.Value(), w.Attempted.Value(), p.gen}
+	old, ok := p.seen[w]
+	p.seen[w] = m
+	if f == nil || ok && !all && old.admitted == m.admitted && old.attempted == m.attempted {
+		return !ok
+	}
+	c := p.c
+	s := w.Series()
+	rec := WindowRecord{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index}
+	w.Attempted.Each(func(id crdt.SlotID, att uint64) {
+		rec.Slot, rec.Admitted, rec.Attempted = c.slots.Slot(id), w.Admitted.Get(id), att
+		f.Windows = append(f.Windows, rec)
+	})
+	w.Admitted.Each(func(id crdt.SlotID, adm uint64) {
+		if w.Attempted.Get(id) == 0 {
+			rec.Slot, rec.Admitted, rec.Attempted = c.slots.Slot(id), adm, 0
+			f.Windows = append(f.Windows, rec)
+		}
+	})
+	return !ok
+}
+
+// expiresAt is the mesh time at which w is Expired.
+func expiresAt(w *crdt.Window) int64 { return (w.Index + 2) * w.WindowMs }
+
+// forgetExpired drops from seen the windows expired at nowMs.
+func (p *Persister) forgetExpired(nowMs int64) {
+	for at, ws := range p.expiring {
+		if at <= nowMs {
+			for _, w := range ws {
+				delete(p.seen, w)
+			}
+			delete(p.expiring, at)
+		}
+	}
 }
 
 // Done records the outcome of writing f, the last Export. After a failure
