@@ -259,6 +259,12 @@ func (c *Container) TakeDirty() ([]*Window, []*Series) {
 	return ws, ls
 }
 
+// DirtyWindows returns the windows marked dirty since the last TakeDirty,
+// in the order they were first marked, without clearing the marks. The
+// slice is the container's own: read it before the next MarkDirty or
+// TakeDirty, and do not modify it.
+func (c *Container) DirtyWindows() []*Window { return c.dirtyWin }
+
 // Dirty reports how many windows and lease counters are marked dirty.
 func (c *Container) Dirty() int { return len(c.dirtyWin) + len(c.dirtyLeases) }
 

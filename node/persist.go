@@ -245,14 +245,7 @@ func (p *Persister) walkAll(nowMs int64, f *Flush, all bool) {
 func (p *Persister) exportChanged(nowMs int64, f *Flush) {
 	c := p.c
 	// Read the dirty set without consuming it: gossip publishes it next.
-	ws, ls := c.c.TakeDirty()
-	for _, w := range ws {
-		c.c.MarkDirty(w)
-	}
-	for _, s := range ls {
-		c.c.MarkLeasesDirty(s)
-	}
-	for _, w := range ws {
+	for _, w := range c.c.DirtyWindows() {
 		if p.persisted(w, nowMs) {
 			p.exportNew(w, f)
 		}

@@ -25,8 +25,9 @@ func (c *Config) fillPersistDefaults() {
 // persistence is the runtime's side of the Store. The run loop never
 // touches the disk: a goroutine of its own (persistLoop) flushes every
 // FlushInterval, so a slow disk delays neither decisions nor gossip. Only
-// Persister.Export runs under the node's mutex, as a walk over the
-// persisted windows in memory.
+// Persister.Export runs under the node's mutex, and looks only at the
+// windows changed since the last flush (a full walk only after a failed
+// flush or a rules change).
 type persistence struct {
 	p       *Persister // guarded by Node.mu
 	storeMu sync.Mutex // serialises Store calls: the flush loop, the run loop's incarnation saves, Close
