@@ -639,9 +639,13 @@ func (c *Core) setState(m *member, s State) {
 	c.recount()
 }
 
+// recount brings c.n, c.rank and c.scale up to date with the membership.
 func (c *Core) recount() {
+	// c.order is sorted by peer: the members before self's place are the
+	// ones that rank before it.
+	before, _ := slices.BinarySearchFunc(c.order, c.self.Peer, func(m *member, p string) int { return strings.Compare(m.peer, p) })
 	alive, suspect, rank := 1, 0, 0
-	for _, m := range c.order {
+	for i, m := range c.order {
 		switch m.state {
 		case Alive:
 			alive++
@@ -650,7 +654,7 @@ func (c *Core) recount() {
 		default:
 			continue
 		}
-		if m.peer < c.self.Peer {
+		if i < before {
 			rank++
 		}
 	}
