@@ -131,6 +131,10 @@ type Core struct {
 	n       int       // live members, self included
 	rank    int       // self's place among the n live members, by peer
 	scale   float64   // partition scale of every limit
+	// envBase is the decisions' limiter.Env but for NowMs, kept by
+	// recount (one copy per decision instead of building a five-field
+	// struct, which the compiler cannot keep in registers).
+	envBase limiter.Env
 
 	seq       uint64
 	ring      []sentBatch
@@ -199,10 +203,9 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 		leases:    make(map[string]*lease),
 		started:   now,
 		joined:    !cfg.Join,
-		n:         1,
-		scale:     1,
 		selfTag:   crdt.PeerTag(cfg.Peer),
 	}
+	c.recount() // alone: n 1, rank 0, scale 1
 	c.selfID = c.intern(c.self, nil)
 	rules := make([]limiter.Rule, len(cfg.Rules))
 	for i, r := range cfg.Rules {
@@ -284,13 +287,9 @@ func (c *Core) RuleNames() []string {
 }
 
 func (c *Core) env(now time.Time) limiter.Env {
-	return limiter.Env{
-		NowMs:    c.MeshMs(now),
-		Members:  c.n,
-		Rank:     c.rank,
-		Scale:    c.scale,
-		AckDelay: 2 * c.cfg.SyncInterval,
-	}
+	e := c.envBase
+	e.NowMs = c.MeshMs(now)
+	return e
 }
 
 func (c *Core) limiter(rule string) (*limiter.Limiter, error) {
@@ -663,6 +662,7 @@ func (c *Core) recount() {
 	if c.cfg.Policy == Strict && suspect > 0 {
 		c.scale = float64(alive) / float64(alive+suspect)
 	}
+	c.envBase = limiter.Env{Members: c.n, Rank: c.rank, Scale: c.scale, AckDelay: 2 * c.cfg.SyncInterval}
 }
 
 // Step merges one batch received from a peer at now. The caller (the
