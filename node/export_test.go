@@ -1,11 +1,9 @@
 package node
 
 import (
-	"sort"
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
-	"github.com/ratemesh/ratemesh/limiter"
 )
 
 // PersisterTracked returns how many windows p remembers as exported, and
@@ -17,18 +15,19 @@ func PersisterTracked(p *Persister) (seen, indexed int) {
 	return len(p.seen), indexed
 }
 
-// RefPersister is the reference for Persister's windows and leases: the
-// export of the first version, which walked every persisted window under
-// the node's mutex and compared it with what it last exported. It reads
-// the core only, so it can run beside a Persister on the same core.
+// RefPersister is the reference for Persister's windows: the export of
+// the first version, which walked every persisted window under the node's
+// mutex and compared it with what it last exported. (Its window records
+// and its leases are built by the same code as Persister's; what differs,
+// and is under test, is which windows an export looks at.) It reads the
+// core only, so it can run beside a Persister on the same core.
 type RefPersister struct {
 	c           *Core
 	minWindowMs int64
 	seen        map[*crdt.Window]winMark
 	gen         uint32
-	leases      map[string]time.Time
-	released    []string
 	full        bool
+	leaseLedger
 }
 
 // NewRefPersister returns the reference export over c.
@@ -37,7 +36,7 @@ func NewRefPersister(c *Core, minWindow time.Duration) *RefPersister {
 		c:           c,
 		minWindowMs: max(minWindow.Milliseconds(), 1),
 		seen:        make(map[*crdt.Window]winMark),
-		leases:      make(map[string]time.Time),
+		leaseLedger: leaseLedger{leases: make(map[string]time.Time)},
 	}
 }
 
@@ -54,20 +53,7 @@ func (p *RefPersister) Restored(now time.Time, leases []Lease) {
 }
 
 func (p *RefPersister) eachWindow(nowMs int64, f func(w *crdt.Window)) {
-	for _, name := range p.c.RuleNames() {
-		l := p.c.limiters[name]
-		r := l.Rule()
-		if r.Algorithm == limiter.Concurrency || r.WindowMs() < p.minWindowMs {
-			continue
-		}
-		l.Set().Each(func(s *crdt.Series) {
-			for _, w := range s.Windows {
-				if w.WindowMs >= p.minWindowMs && !w.Expired(nowMs) {
-					f(w)
-				}
-			}
-		})
-	}
+	eachPersisted(p.c, p.minWindowMs, nowMs, f)
 }
 
 // Export is the first version's Persister.Export.
@@ -85,40 +71,14 @@ func (p *RefPersister) Export(now time.Time) Flush {
 		if ok && !full && old.admitted == m.admitted && old.attempted == m.attempted {
 			return
 		}
-		s := w.Series()
-		rec := WindowRecord{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index}
-		w.Attempted.Each(func(id crdt.SlotID, att uint64) {
-			rec.Slot, rec.Admitted, rec.Attempted = c.slots.Slot(id), w.Admitted.Get(id), att
-			f.Windows = append(f.Windows, rec)
-		})
-		w.Admitted.Each(func(id crdt.SlotID, adm uint64) {
-			if w.Attempted.Get(id) == 0 {
-				rec.Slot, rec.Admitted, rec.Attempted = c.slots.Slot(id), adm, 0
-				f.Windows = append(f.Windows, rec)
-			}
-		})
+		appendRecords(c, w, &f)
 	})
 	for w, m := range p.seen {
 		if m.gen != p.gen {
 			delete(p.seen, w)
 		}
 	}
-	f.Released, p.released = p.released, nil
-	for id := range p.leases {
-		if c.leases[id] == nil {
-			f.Released = append(f.Released, id)
-			delete(p.leases, id)
-		}
-	}
-	sort.Strings(f.Released)
-	for id, ls := range c.leases {
-		if exp, ok := p.leases[id]; ok && !full && exp.Equal(ls.expires) {
-			continue
-		}
-		p.leases[id] = ls.expires
-		f.Leases = append(f.Leases, Lease{ID: id, Rule: ls.rule, Key: ls.key, Expires: ls.expires})
-	}
-	sort.Slice(f.Leases, func(i, j int) bool { return f.Leases[i].ID < f.Leases[j].ID })
+	p.leaseLedger.export(c, full, &f)
 	return f
 }
 

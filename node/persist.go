@@ -39,10 +39,38 @@ type Persister struct {
 	// next export walks every window, as do the first one and the one
 	// after a failed write (full).
 	rulesHash uint64
-	walk      bool                 // walk every window next time
-	leases    map[string]time.Time // what the store holds: ID → expiry
-	released  []string             // releases a failed flush did not write
-	full      bool                 // export everything next time
+	walk      bool // walk every window next time
+	full      bool // export everything next time
+	leaseLedger
+}
+
+// leaseLedger is what the store holds of the member's own leases.
+type leaseLedger struct {
+	leases   map[string]time.Time // ID → expiry
+	released []string             // releases a failed flush did not write
+}
+
+// export appends to f the releases (the leases the store holds that c
+// no longer owns, and those a failed flush did not write) and the leases
+// acquired or renewed since the last export (all of them when full), and
+// records them as held.
+func (l *leaseLedger) export(c *Core, full bool, f *Flush) {
+	f.Released, l.released = l.released, nil
+	for id := range l.leases {
+		if c.leases[id] == nil {
+			f.Released = append(f.Released, id)
+			delete(l.leases, id)
+		}
+	}
+	sort.Strings(f.Released)
+	for id, ls := range c.leases {
+		if exp, ok := l.leases[id]; ok && !full && exp.Equal(ls.expires) {
+			continue
+		}
+		l.leases[id] = ls.expires
+		f.Leases = append(f.Leases, Lease{ID: id, Rule: ls.rule, Key: ls.key, Expires: ls.expires})
+	}
+	sort.Slice(f.Leases, func(i, j int) bool { return f.Leases[i].ID < f.Leases[j].ID })
 }
 
 type winMark struct {
@@ -59,7 +87,7 @@ func NewPersister(c *Core, minWindow time.Duration) *Persister {
 		minWindowMs: max(minWindow.Milliseconds(), 1),
 		seen:        make(map[*crdt.Window]winMark),
 		expiring:    make(map[int64][]*crdt.Window),
-		leases:      make(map[string]time.Time),
+		leaseLedger: leaseLedger{leases: make(map[string]time.Time)},
 		rulesHash:   c.rulesHash,
 		walk:        true, // the core may hold windows changed before
 	}
@@ -137,15 +165,21 @@ func (p *Persister) Restore(now time.Time, recs []WindowRecord, leases []Lease) 
 // eachWindow calls f for every window persisted and not yet collected at
 // nowMs.
 func (p *Persister) eachWindow(nowMs int64, f func(w *crdt.Window)) {
-	for _, name := range p.c.RuleNames() {
-		l := p.c.limiters[name]
+	eachPersisted(p.c, p.minWindowMs, nowMs, f)
+}
+
+// eachPersisted calls f for every window of c at least minWindowMs long,
+// of a windowed rule, and not yet collected at nowMs.
+func eachPersisted(c *Core, minWindowMs, nowMs int64, f func(w *crdt.Window)) {
+	for _, name := range c.RuleNames() {
+		l := c.limiters[name]
 		r := l.Rule()
-		if r.Algorithm == limiter.Concurrency || r.WindowMs() < p.minWindowMs {
+		if r.Algorithm == limiter.Concurrency || r.WindowMs() < minWindowMs {
 			continue
 		}
 		l.Set().Each(func(s *crdt.Series) {
 			for _, w := range s.Windows {
-				if w.WindowMs >= p.minWindowMs && !w.Expired(nowMs) {
+				if w.WindowMs >= minWindowMs && !w.Expired(nowMs) {
 					f(w)
 				}
 			}
@@ -201,22 +235,7 @@ func (p *Persister) Export(now time.Time) Flush {
 		clear(c.persistDirty)
 	}
 
-	f.Released, p.released = p.released, nil
-	for id := range p.leases {
-		if c.leases[id] == nil {
-			f.Released = append(f.Released, id)
-			delete(p.leases, id)
-		}
-	}
-	sort.Strings(f.Released)
-	for id, ls := range c.leases {
-		if exp, ok := p.leases[id]; ok && !full && exp.Equal(ls.expires) {
-			continue
-		}
-		p.leases[id] = ls.expires
-		f.Leases = append(f.Leases, Lease{ID: id, Rule: ls.rule, Key: ls.key, Expires: ls.expires})
-	}
-	sort.Slice(f.Leases, func(i, j int) bool { return f.Leases[i].ID < f.Leases[j].ID })
+	p.leaseLedger.export(c, full, &f)
 	return f
 }
 
@@ -276,7 +295,12 @@ func (p *Persister) export(w *crdt.Window, f *Flush, all bool) (added bool) {
 	if f == nil || ok && !all && old.admitted == m.admitted && old.attempted == m.attempted {
 		return !ok
 	}
-	c := p.c
+	appendRecords(p.c, w, f)
+	return !ok
+}
+
+// appendRecords appends to f the records of w: one per slot with credits.
+func appendRecords(c *Core, w *crdt.Window, f *Flush) {
 	s := w.Series()
 	rec := WindowRecord{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index}
 	w.Attempted.Each(func(id crdt.SlotID, att uint64) {
@@ -289,7 +313,6 @@ func (p *Persister) export(w *crdt.Window, f *Flush, all bool) (added bool) {
 			f.Windows = append(f.Windows, rec)
 		}
 	})
-	return !ok
 }
 
 // expiresAt is the mesh time at which w is Expired.
