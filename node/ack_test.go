@@ -9,6 +9,7 @@ import (
 	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
+	"github.com/ratemesh/ratemesh/node/nodetest"
 )
 
 // TestCoreAcksReleaseTheShare: with 2 cores and 5 ms delay, a few sync
@@ -92,16 +93,24 @@ func TestCoreAcksReleaseTheShare(t *testing.T) {
 	}
 }
 
-// TestCoreNackResendsAtOnce drops exactly one batch to one receiver: the
-// receiver finds the gap in the sequence and nacks it, the author re-sends
-// the entries, and the receiver converges long before any repair.
-func TestCoreNackResendsAtOnce(t *testing.T) {
-	const seed = 22
+// nackCluster returns 3 cores, 5 ms apart, that have heard each other,
+// with repairs off: only nacks can bring back a lost batch.
+func nackCluster(t *testing.T, seed uint64) *nodetest.Network {
+	t.Helper()
 	reportSeed(t, seed)
 	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 1000, Window: 20 * time.Second}}
 	net := cluster(t, 3, seed, rules, func(c *node.CoreConfig) { c.RepairInterval = time.Hour })
 	net.Delay = 5 * time.Millisecond
 	run(t, net, 100*time.Millisecond, nil)
+	return net
+}
+
+// TestCoreNackResendsAtOnce drops exactly one batch to one receiver: the
+// receiver finds the gap in the sequence and nacks it, the author re-sends
+// the entries, and the receiver converges long before any repair.
+func TestCoreNackResendsAtOnce(t *testing.T) {
+	const seed = 22
+	net := nackCluster(t, seed)
 
 	dropped := 0
 	var droppedSeq uint64
@@ -303,11 +312,7 @@ func TestCoreNackOfEmptyBatchResendsNothing(t *testing.T) {
 // copy that arrives and ignores the rest.
 func TestCoreLostNackIsRepeated(t *testing.T) {
 	const seed = 23
-	reportSeed(t, seed)
-	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 1000, Window: 20 * time.Second}}
-	net := cluster(t, 3, seed, rules, func(c *node.CoreConfig) { c.RepairInterval = time.Hour })
-	net.Delay = 5 * time.Millisecond
-	run(t, net, 100*time.Millisecond, nil)
+	net := nackCluster(t, seed)
 
 	droppedBatch, droppedNacks := 0, 0
 	net.Filter = func(from, to int, b *crdt.Batch) bool {
