@@ -843,15 +843,14 @@ func (c *Core) reincarnate(now time.Time) {
 // entries are published again and never count as acknowledged through it.
 func (c *Core) nacked(seq uint64) {
 	i, ok := slices.BinarySearchFunc(c.ring, seq, func(sb sentBatch, s uint64) int { return cmpU64(sb.seq, s) })
-	switch {
-	case seq != 0 && ok && c.ring[i].nacked, seq != 0 && !ok && slices.Contains(c.nackedSeqs, seq):
+	if seq != 0 && (ok && c.ring[i].nacked || !ok && slices.Contains(c.nackedSeqs, seq)) {
 		return // a repeat (nackRepeats) of a nack already served
-	case seq == 0 || !ok:
-		c.stats.NacksReceived++
+	}
+	c.stats.NacksReceived++
+	if seq == 0 || !ok {
 		c.resendAll = true
 		return
 	}
-	c.stats.NacksReceived++
 	if len(c.nackedSeqs) >= nackedMemory {
 		c.nackedSeqs = append(c.nackedSeqs[:0], c.nackedSeqs[1:]...)
 	}
