@@ -93,15 +93,24 @@ type Node struct {
 
 // Mesh is the mesh section: gossip timing and membership.
 type Mesh struct {
-	Namespace       string
-	SyncInterval    time.Duration
-	Heartbeat       time.Duration
-	RepairInterval  time.Duration
-	SuspectAfter    time.Duration
-	DeadAfter       time.Duration
-	EvictAfter      time.Duration
+	Namespace      string
+	SyncInterval   time.Duration
+	Heartbeat      time.Duration
+	RepairInterval time.Duration
+	SuspectAfter   time.Duration
+	DeadAfter      time.Duration
+	EvictAfter     time.Duration
+	// ReclaimAfter: see node.CoreConfig.ReclaimAfter; 0 means dead_after
+	// (raised to the shortest safe value).
+	ReclaimAfter    time.Duration
 	PartitionPolicy node.Policy
 	MaxSkew         time.Duration
+}
+
+// minReclaim is node.CoreConfig.MinReclaimAfter for these settings.
+func (m *Mesh) minReclaim() time.Duration {
+	cc := node.CoreConfig{SuspectAfter: m.SuspectAfter, Heartbeat: m.Heartbeat, SyncInterval: m.SyncInterval, MaxSkew: m.MaxSkew}
+	return cc.MinReclaimAfter()
 }
 
 // Config is a whole configuration file, defaults filled in.
@@ -265,6 +274,7 @@ func (c *Config) NodeConfig(base node.Config) node.Config {
 	cc.SuspectAfter = c.Mesh.SuspectAfter
 	cc.DeadAfter = c.Mesh.DeadAfter
 	cc.EvictAfter = c.Mesh.EvictAfter
+	cc.ReclaimAfter = c.Mesh.ReclaimAfter
 	cc.Policy = c.Mesh.PartitionPolicy
 	cc.MaxSkew = c.Mesh.MaxSkew
 	cc.JoinTimeout = c.Node.JoinTimeout
@@ -360,6 +370,10 @@ func (c *Config) validateSections() []error {
 		bad("mesh.dead_after", "%v is shorter than suspect_after %v", m.DeadAfter, m.SuspectAfter)
 	case m.EvictAfter < m.SuspectAfter:
 		bad("mesh.evict_after", "%v is shorter than suspect_after %v", m.EvictAfter, m.SuspectAfter)
+	case m.ReclaimAfter < 0:
+		bad("mesh.reclaim_after", "must not be negative, got %v", m.ReclaimAfter)
+	case m.ReclaimAfter > 0 && m.ReclaimAfter < m.minReclaim():
+		bad("mesh.reclaim_after", "%v leaves a minority too little time to fence itself: at least suspect_after + heartbeat + 2 × sync_interval + max_skew = %v", m.ReclaimAfter, m.minReclaim())
 	}
 	switch m.PartitionPolicy {
 	case node.Strict, node.Available:

@@ -87,6 +87,7 @@ func parse(data []byte) (*document, error) {
 				"suspect_after":    duration(&m.SuspectAfter),
 				"dead_after":       duration(&m.DeadAfter),
 				"evict_after":      duration(&m.EvictAfter),
+				"reclaim_after":    duration(&m.ReclaimAfter),
 				"partition_policy": str(&policy),
 				"max_skew":         duration(&m.MaxSkew),
 			}))

@@ -22,7 +22,10 @@ const (
 	MaxSlots      = 256     // extra slots named by one batch
 	MaxNacks      = 1024
 	MaxEvicted    = 1024
-	MaxEchoes     = 16 // clock echoes of one batch (a node sends a few)
+	MaxEchoes     = 16   // clock echoes of one batch (a node sends a few)
+	MaxMembers    = 1024 // member table entries of one full-state batch
+	MaxAddrs      = 16   // addresses of one member table entry
+	MaxAddrLen    = 256  // bytes of one address
 	// MaxEchoHeldMs bounds an echo's Held: a node echoes a peer's clock
 	// within a few heartbeats or not at all.
 	MaxEchoHeldMs = 60_000
@@ -36,8 +39,10 @@ const (
 
 // Flags of a Batch.
 const (
-	// FlagFull marks a batch that carries every live own slot of its
-	// sender (an anti-entropy answer or a repair), not just changes.
+	// FlagFull marks an anti-entropy answer: it carries every live slot
+	// its sender holds — its own, and relayed ones of other members and
+	// earlier incarnations (Batch.Slots) — and its member table
+	// (Batch.Members), not just changes.
 	FlagFull uint64 = 1 << iota
 	// FlagLeaving announces a graceful leave: the sender stops counting
 	// as a member at once.
@@ -80,7 +85,8 @@ type Batch struct {
 	Nacks []Nack `cbor:"7,keyasint,omitempty"`
 	Flags uint64 `cbor:"8,keyasint,omitempty"`
 	// Slots names further slots that entries refer to as 1, 2, …; only
-	// anti-entropy batches carrying signed state of others use it.
+	// full-state (anti-entropy) batches relaying the state of other slots
+	// use it.
 	Slots   []Slot        `cbor:"9,keyasint,omitempty"`
 	Windows []WindowEntry `cbor:"10,keyasint,omitempty"`
 	Leases  []LeaseEntry  `cbor:"11,keyasint,omitempty"`
@@ -91,7 +97,33 @@ type Batch struct {
 	// round trip to the sender (see Echo). Only gossip batches of senders
 	// that set FlagEcho carry them.
 	Echoes []Echo `cbor:"13,keyasint,omitempty"`
+	// Members is the sender's member table (itself excluded), carried by
+	// full-state batches only, so a joining or restarted member learns of
+	// every member at once, counts them in N and can dial them.
+	Members []MemberEntry `cbor:"14,keyasint,omitempty"`
 }
+
+// MemberEntry is one member as the sender of a full state knows it. It
+// encodes as a four-element array.
+type MemberEntry struct {
+	_           struct{} `cbor:",toarray"`
+	Peer        string
+	Incarnation uint64
+	// State is the member's state in the sender's view: MemberAlive,
+	// MemberSuspect, MemberDead or MemberLeft.
+	State uint8
+	// Addrs are multiaddrs the member was reached at (filled in by the
+	// transport; may be empty).
+	Addrs []string
+}
+
+// The states of a MemberEntry.
+const (
+	MemberAlive uint8 = iota
+	MemberSuspect
+	MemberDead
+	MemberLeft
+)
 
 // Echo returns one peer's clock reading to it. The peer sent a batch with
 // Clock t1 (its raw clock); the echo's sender received it at t2 and sends
@@ -255,6 +287,28 @@ func (b *Batch) Validate() error {
 	}
 	if len(b.Echoes) > MaxEchoes {
 		return bad("%d echoes, over the cap of %d", len(b.Echoes), MaxEchoes)
+	}
+	if len(b.Members) > MaxMembers {
+		return bad("%d members, over the cap of %d", len(b.Members), MaxMembers)
+	}
+	for i, m := range b.Members {
+		if err := checkSlot(Slot{Peer: m.Peer}); err != nil {
+			return bad("members[%d]: %v", i, err)
+		}
+		if m.State > MemberLeft {
+			return bad("members[%d]: state %d, must be 0 to %d", i, m.State, MemberLeft)
+		}
+		if len(m.Addrs) > MaxAddrs {
+			return bad("members[%d]: %d addrs, over the cap of %d", i, len(m.Addrs), MaxAddrs)
+		}
+		for j, a := range m.Addrs {
+			if a == "" || len(a) > MaxAddrLen || !utf8.ValidString(a) {
+				return bad("members[%d].addrs[%d]: must be 1 to %d bytes of UTF-8", i, j, MaxAddrLen)
+			}
+		}
+	}
+	if len(b.Members) > 0 && !b.Has(FlagFull) {
+		return bad("members: only a full-state batch carries a member table")
 	}
 	for i, e := range b.Echoes {
 		switch {

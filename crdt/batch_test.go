@@ -305,7 +305,7 @@ func badBatches() []badBatch {
 		{"too many evicted", mut(func(b *crdt.Batch) { b.Evicted = slots(crdt.MaxEvicted + 1) }), []string{"1025 evicted"}},
 
 		// CBOR strictness.
-		{"unknown header field", raw(header(map[int]any{14: 1})), []string{"unknown field"}},
+		{"unknown header field", raw(header(map[int]any{15: 1})), []string{"unknown field"}},
 		{"unknown entry field", raw(header(map[int]any{10: []any{map[int]any{1: "r", 2: "k", 3: 1000, 4: 1, 7: 9}}})), []string{"unknown field"}},
 		{"unknown text field", raw(map[any]any{0: 1, 1: map[int]any{0: "p"}, "extra": 1}), []string{"unknown field"}},
 		{"duplicate header key", fromBytes([]byte{0xa3, 0x00, 0x01, 0x01, 0xa1, 0x00, 0x61, 'p', 0x00, 0x01}), []string{"duplicate map key 0"}},
@@ -527,6 +527,43 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		}
 		if len(got.Windows) != 64 {
 			b.Fatalf("DecodeBatch = %d windows, want 64", len(got.Windows))
+		}
+	}
+}
+
+// TestBatchMemberTable: a full state's member table round-trips; one
+// outside a full state, or with a bad state or address, is refused naming
+// the field.
+func TestBatchMemberTable(t *testing.T) {
+	full := func(ms ...crdt.MemberEntry) *crdt.Batch {
+		return &crdt.Batch{Version: crdt.Version, From: crdt.Slot{Peer: "p", Incarnation: 1}, Flags: crdt.FlagFull, Members: ms}
+	}
+	b := full(crdt.MemberEntry{Peer: "q", Incarnation: 7, State: crdt.MemberSuspect, Addrs: []string{"/ip4/127.0.0.1/tcp/4001"}})
+	data, err := b.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := crdt.DecodeBatch(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Members) != 1 || got.Members[0].Peer != "q" || got.Members[0].Incarnation != 7 || got.Members[0].State != crdt.MemberSuspect || len(got.Members[0].Addrs) != 1 {
+		t.Errorf("decoded members %+v, want %+v", got.Members, b.Members)
+	}
+	notFull := full(crdt.MemberEntry{Peer: "q", Incarnation: 1})
+	notFull.Flags = 0
+	for _, tc := range []struct {
+		name string
+		b    *crdt.Batch
+		want string
+	}{
+		{"outside a full state", notFull, "members: only a full-state batch"},
+		{"bad state", full(crdt.MemberEntry{Peer: "q", Incarnation: 1, State: 9}), "members[0]: state 9"},
+		{"empty peer", full(crdt.MemberEntry{Incarnation: 1}), "members[0]: empty peer"},
+		{"empty addr", full(crdt.MemberEntry{Peer: "q", Incarnation: 1, Addrs: []string{""}}), "members[0].addrs[0]"},
+	} {
+		if _, err := tc.b.Encode(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Encode = %v, want an error naming %q", tc.name, err, tc.want)
 		}
 	}
 }

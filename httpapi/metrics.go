@@ -55,6 +55,7 @@ var (
 	descMembers  = prometheus.NewDesc("ratemesh_members", "Members this node knows, itself included, by state (alive, suspect, dead, left).", []string{"state"}, nil)
 	descMismatch = prometheus.NewDesc("ratemesh_members_rules_mismatch", "Live members advertising a rules hash different from this node's.", nil, nil)
 	descReady    = prometheus.NewDesc("ratemesh_ready", "1 once the node has joined and serves decisions, 0 while joining.", nil, nil)
+	descFenced   = prometheus.NewDesc("ratemesh_fenced", "1 while the node denies every decision because its side of a partition holds no majority (strict policy).", nil, nil)
 	descKeys     = prometheus.NewDesc("ratemesh_keys", "Keys held, by rule.", []string{"rule"}, nil)
 	descWindows  = prometheus.NewDesc("ratemesh_windows", "Window counters held, by rule.", []string{"rule"}, nil)
 	descEvicted  = prometheus.NewDesc("ratemesh_keys_evicted_total", "Idle keys dropped (no usage in the current or previous window).", nil, nil)
@@ -74,7 +75,7 @@ type stateCollector struct{ cfg Config }
 
 // Describe implements prometheus.Collector.
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMembers, descMismatch, descReady, descKeys, descWindows, descEvicted, descKeyCap, descOffset, descEntries, descPersist} {
+	for _, d := range []*prometheus.Desc{descMembers, descMismatch, descReady, descFenced, descKeys, descWindows, descEvicted, descKeyCap, descOffset, descEntries, descPersist} {
 		ch <- d
 	}
 	if c.cfg.Transport != nil {
@@ -110,6 +111,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ready = 1
 	}
 	gauge(descReady, ready)
+	fenced := 0.0
+	if n.Health() == node.HealthFenced {
+		fenced = 1
+	}
+	gauge(descFenced, fenced)
 	for _, h := range n.Held() {
 		gauge(descKeys, float64(h.Keys), h.Rule)
 		gauge(descWindows, float64(h.Windows), h.Rule)

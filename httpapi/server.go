@@ -770,9 +770,10 @@ func (s *Server) evict(w http.ResponseWriter, r *http.Request, id string) {
 }
 
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
-	if s.cfg.Node.Ready() {
-		writeJSON(w, http.StatusOK, HealthResponse{State: "ready"})
-		return
+	h := s.cfg.Node.Health()
+	status := http.StatusServiceUnavailable
+	if h == node.HealthReady {
+		status = http.StatusOK
 	}
-	writeJSON(w, http.StatusServiceUnavailable, HealthResponse{State: "joining"})
+	writeJSON(w, status, HealthResponse{State: h.String()})
 }

@@ -133,8 +133,10 @@ type ErrorResponse struct {
 	Owner string `json:"owner,omitempty"`
 }
 
-// HealthResponse answers GET /healthz: state "ready" (200) or "joining"
-// (503).
+// HealthResponse answers GET /healthz: state "ready" (200), "joining"
+// (503; also while rejoining after a partition healed) or "fenced" (503:
+// under the strict policy this node's side of a partition holds no
+// majority of the members).
 type HealthResponse struct {
 	State string `json:"state"`
 }

@@ -21,9 +21,10 @@ const (
 	ReasonKeyCap                  // a new key at max_keys with every key active
 	ReasonJoining                 // the member has not joined the mesh yet
 	ReasonUnlimited               // an unlimited class: admitted, counted
+	ReasonFenced                  // strict policy: this member's side of a partition holds no majority
 )
 
-var reasonNames = [...]string{"admitted", "limit", "share", "cost", "key_cap", "joining", "unlimited"}
+var reasonNames = [...]string{"admitted", "limit", "share", "cost", "key_cap", "joining", "unlimited", "fenced"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

@@ -19,8 +19,9 @@ const (
 	// ReasonAuthor: its From is not the authenticated author (the
 	// message's signer, or the sync stream's remote peer).
 	ReasonAuthor
-	// ReasonForeignSlot: an entry names a slot other than From; gossip
-	// and anti-entropy carry only their author's own values.
+	// ReasonForeignSlot: an entry names a slot other than From, or a
+	// batch carries a member table, outside a full state on the
+	// anti-entropy stream: gossip carries only its author's own values.
 	ReasonForeignSlot
 	// ReasonImplausible: a value exceeds any possible admission
 	// (Config.Plausible).
@@ -47,16 +48,24 @@ func (r Reason) String() string {
 }
 
 // checkBatch decides whether b, authenticated as sent by author (a peer ID
-// in text form), may be merged: From must be the author, every entry must
-// be From's own (slot index 0), and no value may exceed plausible. It is
-// pure; the verdict is ok or the reason with a description.
-func checkBatch(b *crdt.Batch, author string, plausible func(string) (uint64, bool)) (Reason, error) {
+// in text form), may be merged: From must be the author and no value may
+// exceed plausible. Unless relay is set, every entry must be From's own
+// (slot index 0) and b may carry no member table; relay is set for a full
+// state on the anti-entropy stream, which relays the sender's view of
+// other slots as a trusted member's word (see the trust model in
+// docs/design.md: merge is per-slot max, so a relayed value can only make
+// counts higher, and plausible bounds how much higher). It is pure; the
+// verdict is ok or the reason with a description.
+func checkBatch(b *crdt.Batch, author string, plausible func(string) (uint64, bool), relay bool) (Reason, error) {
 	if b.From.Peer != author {
 		return ReasonAuthor, fmt.Errorf("from %q is not the authenticated author %s", b.From.Peer, author)
 	}
+	if !relay && len(b.Members) > 0 {
+		return ReasonForeignSlot, fmt.Errorf("a member table outside a full state on the sync stream")
+	}
 	for i := range b.Windows {
 		e := &b.Windows[i]
-		if e.Slot != 0 {
+		if e.Slot != 0 && !relay {
 			return ReasonForeignSlot, fmt.Errorf("windows[%d] names slot %d, not the author's", i, e.Slot)
 		}
 		if plausible == nil {
@@ -68,7 +77,7 @@ func checkBatch(b *crdt.Batch, author string, plausible func(string) (uint64, bo
 	}
 	for i := range b.Leases {
 		e := &b.Leases[i]
-		if e.Slot != 0 {
+		if e.Slot != 0 && !relay {
 			return ReasonForeignSlot, fmt.Errorf("leases[%d] names slot %d, not the author's", i, e.Slot)
 		}
 		if plausible == nil {

@@ -423,7 +423,7 @@ func (m *Mesh) validate(_ context.Context, from peer.ID, msg *pubsub.Message) pu
 		m.reject(false, ReasonMalformed, author, err)
 		return pubsub.ValidationReject
 	}
-	if reason, err := checkBatch(b, author.String(), m.cfg.Plausible); err != nil {
+	if reason, err := checkBatch(b, author.String(), m.cfg.Plausible, false); err != nil {
 		m.reject(false, reason, author, err)
 		return pubsub.ValidationReject
 	}
@@ -449,6 +449,9 @@ func (m *Mesh) deliverBatch(in node.Inbound) {
 	defer m.deliver.RUnlock()
 	if m.stopped {
 		return
+	}
+	if in.Direct && len(in.Batch.Members) > 0 {
+		m.learnAddrs(in.Batch.Members)
 	}
 	m.handler.HandleBatch(in)
 }

@@ -148,9 +148,12 @@ func TestNodesRejectForgedGossip(t *testing.T) {
 
 // TestNodesRejectForgedSync: a peer speaking the anti-entropy protocol
 // (a mesh.Mesh driven by hand, not by a node) sends a member a batch
-// claiming another member's slot, then one relaying an entry of another
-// member's slot. The member resets the stream (SendDirect fails) and
-// never merges either; its own honest batch afterwards is merged.
+// claiming another member's slot, then a non-full batch relaying an entry
+// of another member's slot. The member resets the stream (SendDirect
+// fails) and merges neither; its own honest batch afterwards is merged. A
+// full state may relay another member's slot (the trusted member's word:
+// merge is per-slot max, so it can only raise counts, within the
+// plausibility bound), and that is merged.
 func TestNodesRejectForgedSync(t *testing.T) {
 	clock := alignedClock(time.Hour, time.Minute)
 	rules := []limiter.Rule{fixedRule("api", 1000, time.Hour)}
@@ -171,14 +174,15 @@ func TestNodesRejectForgedSync(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		b      *crdt.Batch
+		flags  uint64
 		reason mesh.Reason
 	}{
-		{"claims another member's slot", entryBatch(victimSlot, clock, 0, "forged-author", 7), mesh.ReasonAuthor},
-		{"relays another member's entry", foreignEntry(self, victimSlot, clock, 0, "forged-slot"), mesh.ReasonForeignSlot},
+		{"claims another member's slot", entryBatch(victimSlot, clock, 0, "forged-author", 7), crdt.FlagFull | crdt.FlagLast, mesh.ReasonAuthor},
+		{"relays another member's entry outside a full state", foreignEntry(self, victimSlot, clock, 0, "forged-slot"), 0, mesh.ReasonForeignSlot},
 	} {
 		before := a.m.Stats().RejectedDirect[tc.reason]
 		b := tc.b
-		b.Flags = crdt.FlagFull | crdt.FlagLast
+		b.Flags = tc.flags
 		if err := attacker.SendDirect(ctx, a.m.PeerID(), []*crdt.Batch{b}); err == nil {
 			t.Errorf("%s: SendDirect succeeded", tc.name)
 		}
@@ -188,11 +192,13 @@ func TestNodesRejectForgedSync(t *testing.T) {
 	}
 	honest := entryBatch(self, clock, 0, "honest", 3)
 	honest.Flags = crdt.FlagFull | crdt.FlagLast
-	if err := attacker.SendDirect(ctx, a.m.PeerID(), []*crdt.Batch{honest}); err != nil {
+	relayed := foreignEntry(self, victimSlot, clock, 0, "relayed")
+	relayed.Flags = crdt.FlagFull | crdt.FlagLast
+	if err := attacker.SendDirect(ctx, a.m.PeerID(), []*crdt.Batch{honest, relayed}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, func() (bool, string) {
-		return totalOf(t, a, "honest") == 3, "the honest direct batch was not merged"
+		return totalOf(t, a, "honest") == 3 && totalOf(t, a, "relayed") == 7, "the honest and relayed full states were not merged"
 	})
 	for _, key := range []string{"forged-author", "forged-slot"} {
 		if got := totalOf(t, a, key); got != 0 {

@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/node"
@@ -39,6 +42,11 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 	frames := make([][]byte, 0, len(bs))
 	var total int
 	for i, b := range bs {
+		if len(b.Members) > 0 {
+			c := *b
+			c.Members = m.withAddrs(b.Members)
+			b = &c
+		}
 		data, err := b.Encode()
 		if err != nil {
 			return fmt.Errorf("mesh: send to %s: batch %d: %w", peerID, i, err)
@@ -106,9 +114,9 @@ func writeFrames(w io.Writer, frames [][]byte) error {
 }
 
 // handleSync receives one anti-entropy stream. Every batch is decoded
-// strictly and must come from the stream's authenticated remote peer and
-// carry only that peer's own slot (entry slot index 0), so anti-entropy
-// never merges a value not authenticated as its owner's. A malformed,
+// strictly and must come from the stream's authenticated remote peer; a
+// full state may relay other slots' values and the sender's member table
+// (checkBatch), whose addresses this member dials (learnAddrs). A malformed,
 // oversized, foreign or misattributed batch resets the stream (the rest is
 // not read); an implausible one is dropped and reading goes on, since it
 // may only mean the peers' rules differ for a while. Reads are bounded by
@@ -150,7 +158,7 @@ func (m *Mesh) handleSync(s network.Stream) {
 			s.Reset()
 			return
 		}
-		if reason, err := checkBatch(b, author, m.cfg.Plausible); err != nil {
+		if reason, err := checkBatch(b, author, m.cfg.Plausible, b.Has(crdt.FlagFull)); err != nil {
 			m.reject(true, reason, remote, err)
 			if reason == ReasonImplausible {
 				continue
@@ -163,4 +171,84 @@ func (m *Mesh) handleSync(s network.Stream) {
 		m.deliverBatch(node.Inbound{Batch: b, Direct: true})
 	}
 	s.Close()
+}
+
+// withAddrs returns a copy of ms with each member's addresses as this
+// host's peerstore knows them, so the receiver can dial the members it
+// learns of.
+func (m *Mesh) withAddrs(ms []crdt.MemberEntry) []crdt.MemberEntry {
+	out := slices.Clone(ms)
+	for i := range out {
+		p, err := peer.Decode(out[i].Peer)
+		if err != nil {
+			continue
+		}
+		out[i].Addrs = nil
+		for _, a := range m.h.Peerstore().Addrs(p) {
+			if s := a.String(); len(s) <= crdt.MaxAddrLen && len(out[i].Addrs) < crdt.MaxAddrs {
+				out[i].Addrs = append(out[i].Addrs, s)
+			}
+		}
+	}
+	return out
+}
+
+// learnAddrs records the addresses of the live members of a full state's
+// member table and dials those this host is not connected to, in the
+// background: a member that joined through one seed reaches every member
+// directly, and exchanges state with each.
+//
+// The caller holds m.deliver for reading, with m.stopped false, so no dial
+// starts once Close has begun waiting for them.
+func (m *Mesh) learnAddrs(ms []crdt.MemberEntry) {
+	for _, e := range ms {
+		if e.State != crdt.MemberAlive && e.State != crdt.MemberSuspect {
+			continue
+		}
+		p, err := peer.Decode(e.Peer)
+		if err != nil || p == m.self || m.gater.isBlocked(p) {
+			continue
+		}
+		var addrs []ma.Multiaddr
+		for _, a := range e.Addrs {
+			if x, err := ma.NewMultiaddr(a); err == nil {
+				addrs = append(addrs, x)
+			}
+		}
+		if len(addrs) == 0 {
+			continue
+		}
+		m.h.Peerstore().AddAddrs(p, addrs, peerstore.TempAddrTTL)
+		if m.h.Network().Connectedness(p) == network.Connected {
+			continue
+		}
+		pi := peer.AddrInfo{ID: p, Addrs: addrs}
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			if err := m.connect(m.ctx, pi, addrString(pi)); err != nil && m.ctx.Err() == nil {
+				m.log.Debug("dial a member learned from a full state", "peer", pi.ID, "err", err)
+			}
+		}()
+	}
+}
+
+// KnownAddrs returns the full multiaddrs (ending in /p2p/<peer ID>) this
+// host knows for peerID, for persisting the members a restarted node dials
+// (node.AddrBook).
+func (m *Mesh) KnownAddrs(peerID string) []string {
+	p, err := peer.Decode(peerID)
+	if err != nil {
+		return nil
+	}
+	pi := peer.AddrInfo{ID: p, Addrs: m.h.Peerstore().Addrs(p)}
+	mas, err := peer.AddrInfoToP2pAddrs(&pi)
+	if err != nil {
+		return nil
+	}
+	out := make([]string, 0, len(mas))
+	for _, a := range mas {
+		out = append(out, a.String())
+	}
+	return out
 }

@@ -99,25 +99,37 @@ func TestCheckBatch(t *testing.T) {
 	unknownRule.Windows[0].Rule = "other"
 	manyAttempts := batch(author, 1, "k", 100)
 	manyAttempts.Windows[0].Attempted = 1 << 40 // rejections are not bounded
+	relayedOver := foreign(false)
+	relayedOver.Windows[0].Admitted, relayedOver.Windows[0].Attempted = 101, 101
+	members := batch(author, 1, "k", 1)
+	members.Flags |= crdt.FlagFull
+	members.Members = []crdt.MemberEntry{{Peer: "12D3KooWOther", Incarnation: 1}}
 	for _, tc := range []struct {
 		name      string
 		b         *crdt.Batch
 		plausible func(string) (uint64, bool)
+		relay     bool
 		ok        bool
 		reason    Reason
 	}{
-		{"honest", batch(author, 1, "k", 100), plausible, true, 0},
-		{"other author", batch("12D3KooWOther", 1, "k", 1), plausible, false, ReasonAuthor},
-		{"foreign window slot", foreign(false), plausible, false, ReasonForeignSlot},
-		{"foreign lease slot", foreign(true), plausible, false, ReasonForeignSlot},
-		{"admitted over bound", batch(author, 1, "k", 101), plausible, false, ReasonImplausible},
-		{"attempted unbounded", manyAttempts, plausible, true, 0},
-		{"unknown rule unchecked", unknownRule, plausible, true, 0},
-		{"no bound at all", batch(author, 1, "k", 1<<50), nil, true, 0},
-		{"live leases at bound", withLease(1000, 900), plausible, true, 0},
-		{"live leases over bound", withLease(1000, 899), plausible, false, ReasonImplausible},
+		{"honest", batch(author, 1, "k", 100), plausible, false, true, 0},
+		{"other author", batch("12D3KooWOther", 1, "k", 1), plausible, false, false, ReasonAuthor},
+		{"foreign window slot", foreign(false), plausible, false, false, ReasonForeignSlot},
+		{"foreign lease slot", foreign(true), plausible, false, false, ReasonForeignSlot},
+		{"relayed window slot", foreign(false), plausible, true, true, 0},
+		{"relayed lease slot", foreign(true), plausible, true, true, 0},
+		{"relayed over bound", relayedOver, plausible, true, false, ReasonImplausible},
+		{"relayed other author", batch("12D3KooWOther", 1, "k", 1), plausible, true, false, ReasonAuthor},
+		{"member table in gossip", members, plausible, false, false, ReasonForeignSlot},
+		{"member table relayed", members, plausible, true, true, 0},
+		{"admitted over bound", batch(author, 1, "k", 101), plausible, false, false, ReasonImplausible},
+		{"attempted unbounded", manyAttempts, plausible, false, true, 0},
+		{"unknown rule unchecked", unknownRule, plausible, false, true, 0},
+		{"no bound at all", batch(author, 1, "k", 1<<50), nil, false, true, 0},
+		{"live leases at bound", withLease(1000, 900), plausible, false, true, 0},
+		{"live leases over bound", withLease(1000, 899), plausible, false, false, ReasonImplausible},
 	} {
-		reason, err := checkBatch(tc.b, author, tc.plausible)
+		reason, err := checkBatch(tc.b, author, tc.plausible, tc.relay)
 		if (err == nil) != tc.ok || (!tc.ok && reason != tc.reason) {
 			t.Errorf("%s: got %v %v, want ok=%v reason %v", tc.name, reason, err, tc.ok, tc.reason)
 		}

@@ -48,8 +48,20 @@ type CoreConfig struct {
 	SuspectAfter time.Duration
 	// DeadAfter is the silence after which a member is dead (Available).
 	DeadAfter time.Duration
-	// EvictAfter is the silence after which a member is evicted (Strict).
+	// EvictAfter is the silence after which a member is evicted (Strict)
+	// when this member's side holds exactly half of the members; a side
+	// with a strict majority reclaims after ReclaimAfter, and a side
+	// without one fences itself and evicts nobody by itself.
 	EvictAfter time.Duration
+	// ReclaimAfter is the silence after which, under Strict, a side that
+	// holds a strict majority of the members evicts the silent ones and
+	// reclaims their capacity. A side without a majority fences itself
+	// (denies with limiter.ReasonFenced) once its silent members turn
+	// suspect, and the margin ReclaimAfter − SuspectAfter, at least
+	// Heartbeat + 2·SyncInterval + MaxSkew, makes sure it has stopped
+	// before the majority reclaims. 0 means DeadAfter, raised to that
+	// margin if it is shorter.
+	ReclaimAfter time.Duration
 	// Policy is the partition policy.
 	Policy Policy
 	// Join says that peers are configured or known: the member is not
@@ -73,6 +85,25 @@ type CoreConfig struct {
 	// draws are stratified over the mesh from a hash every member computes
 	// alike, with limiter seed 0; see limiter.New.)
 	Rand *rand.Rand
+}
+
+// MinReclaimAfter is the shortest ReclaimAfter the other settings allow.
+func (c *CoreConfig) MinReclaimAfter() time.Duration { return c.minReclaim() }
+
+// minReclaim is the shortest ReclaimAfter: a minority member fences itself
+// at most SuspectAfter (plus a tick) after it last heard the majority, and
+// the majority may have last heard it up to a Heartbeat before that;
+// MaxSkew covers delivery and clock-rate differences.
+func (c *CoreConfig) minReclaim() time.Duration {
+	return c.SuspectAfter + c.Heartbeat + 2*c.SyncInterval + c.MaxSkew
+}
+
+// reclaimAfter is ReclaimAfter with its zero value resolved.
+func (c *CoreConfig) reclaimAfter() time.Duration {
+	if c.ReclaimAfter > 0 {
+		return c.ReclaimAfter
+	}
+	return max(c.DeadAfter, c.minReclaim())
 }
 
 // DefaultCoreConfig returns the defaults of DESIGN.md's config file. Peer,
@@ -126,6 +157,10 @@ func (c *CoreConfig) validate() error {
 		return bad("dead_after", "%v is shorter than suspect_after %v", c.DeadAfter, c.SuspectAfter)
 	case c.EvictAfter < c.SuspectAfter:
 		return bad("evict_after", "%v is shorter than suspect_after %v", c.EvictAfter, c.SuspectAfter)
+	case c.ReclaimAfter < 0:
+		return bad("reclaim_after", "must not be negative, got %v", c.ReclaimAfter)
+	case c.ReclaimAfter > 0 && c.ReclaimAfter < c.minReclaim():
+		return bad("reclaim_after", "%v leaves a minority too little time to fence itself: at least suspect_after + heartbeat + 2 × sync_interval + max_skew = %v", c.ReclaimAfter, c.minReclaim())
 	}
 	switch c.Policy {
 	case Strict, Available:

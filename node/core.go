@@ -129,6 +129,7 @@ type Core struct {
 	members map[string]*member
 	order   []*member // sorted by peer: deterministic iteration
 	n       int       // live members, self included
+	nAlive  int       // alive members, self included (n − nAlive are suspect)
 	rank    int       // self's place among the n live members, by peer
 	scale   float64   // partition scale of every limit
 	// envBase is the decisions' limiter.Env but for NowMs, kept by
@@ -160,10 +161,24 @@ type Core struct {
 	lastRule string           // the rule of the latest decision, and
 	lastLim  *limiter.Limiter // its limiter; nil when SetRules replaced them
 
-	started      time.Time
-	joined       bool
-	stateFrom    map[string]bool // joining: peers whose full state has arrived
-	expecting    map[string]bool // joining: connected peers whose full state is awaited
+	started time.Time
+	joined  bool
+	// fenced: under Strict, this member's side holds no majority of the
+	// members (recount); it denies with limiter.ReasonFenced.
+	fenced bool
+	// gated is !joined || fenced: the one test on the decision path.
+	gated bool
+	// A reclaim's hold (see applyHold): windows that began before
+	// holdFromMs (mesh time; 0 when no hold is on) keep holdScale.
+	holdFromMs int64
+	holdScale  float64
+	stateFrom  map[string]bool // joining: peers whose full state has arrived
+	expecting  map[string]bool // joining: connected peers whose full state is awaited
+	// healed, while fenced: members heard again, and whether their full
+	// state has arrived since (see rejoin).
+	healed map[string]bool
+	// wasFenced is fenced as of the last recount, to see the fence lift.
+	wasFenced    bool
 	lastSent     time.Time
 	nextSync     time.Time
 	nextRepair   time.Time
@@ -203,6 +218,7 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 		leases:    make(map[string]*lease),
 		started:   now,
 		joined:    !cfg.Join,
+		gated:     cfg.Join,
 		selfTag:   crdt.PeerTag(cfg.Peer),
 	}
 	c.recount() // alone: n 1, rank 0, scale 1
@@ -243,6 +259,15 @@ func (c *Core) RulesHash() uint64 { return c.rulesHash }
 
 // Ready reports whether the member has joined and serves decisions.
 func (c *Core) Ready() bool { return c.joined }
+
+// Alive returns how many members, self included, are alive, and how many
+// are live (alive or suspect).
+func (c *Core) Alive() (alive, live int) { return c.nAlive, c.n }
+
+// Fenced reports whether the member denies every decision because, under
+// the strict policy, its side of a partition holds no majority of the
+// members (see CoreConfig.ReclaimAfter).
+func (c *Core) Fenced() bool { return c.fenced }
 
 // Stats returns a copy of the counters.
 func (c *Core) Stats() Stats { return c.stats }
@@ -324,14 +349,17 @@ func (c *Core) allowInto(d *limiter.Decision, now time.Time, rule, key string, r
 		return err
 	}
 	env := c.env(now)
-	if !c.joined {
+	if c.gated {
 		ch, err := l.Resolve(key, *req)
 		if err != nil {
 			*d = limiter.Decision{}
 			return err
 		}
-		*d = c.joining(l, ch, now, env)
+		*d = c.gate(l, ch, now, env)
 		return nil
+	}
+	if c.holdFromMs != 0 {
+		c.applyHold(l, &env)
 	}
 	// Limiter.AllowInto resolves, decides and records in one pass,
 	// finding the key's window once.
@@ -349,13 +377,42 @@ func (c *Core) count(d *limiter.Decision) {
 	}
 }
 
-func (c *Core) joining(l *limiter.Limiter, ch limiter.Check, now time.Time, env limiter.Env) limiter.Decision {
+// gate is the denial of a member that is joining or fenced: joining
+// members retry once join_timeout has passed at the latest; fenced ones
+// after a heartbeat, within which a healed partition shows.
+func (c *Core) gate(l *limiter.Limiter, ch limiter.Check, now time.Time, env limiter.Env) limiter.Decision {
 	d := l.Rule().Decide(ch.Limit, 0, limiter.Usage{}, env, 0)
-	d.Allowed, d.Shadow, d.Reason = false, false, limiter.ReasonJoining
-	d.RetryAfter = max(c.cfg.JoinTimeout-now.Sub(c.started), time.Millisecond)
+	d.Allowed, d.Shadow = false, false
+	if !c.joined {
+		d.Reason = limiter.ReasonJoining
+		d.RetryAfter = max(c.cfg.JoinTimeout-now.Sub(c.started), time.Millisecond)
+	} else {
+		d.Reason = limiter.ReasonFenced
+		d.RetryAfter = c.cfg.Heartbeat
+	}
 	d.RetryAfter = (d.RetryAfter + time.Millisecond - 1) / time.Millisecond * time.Millisecond
 	c.count(&d)
 	return d
+}
+
+// applyHold keeps the partition scale of before a reclaim for the rule's
+// windows that began before it (a sliding window's previous one too): the
+// reclaimed members may have admitted their share of those windows,
+// unseen, before they fenced themselves. Windows that begin later get the
+// whole limit.
+func (c *Core) applyHold(l *limiter.Limiter, env *limiter.Env) {
+	r := l.Rule()
+	wms := r.WindowMs()
+	if wms <= 0 {
+		return // concurrency: an evicted member's leases stop counting at once
+	}
+	start := env.NowMs / wms * wms
+	if r.Algorithm == limiter.SlidingWindow {
+		start -= wms
+	}
+	if start < c.holdFromMs && c.holdScale < env.Scale {
+		env.Scale = c.holdScale
+	}
 }
 
 // Check is one (rule, key, request) of an AllowAll.
@@ -383,15 +440,19 @@ func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limit
 	ds = make([]limiter.Decision, len(checks))
 	allowed = true
 	for i := range checks {
-		if !c.joined {
-			ds[i] = c.joining(ls[i], chs[i], now, env)
+		if c.gated {
+			ds[i] = c.gate(ls[i], chs[i], now, env)
 		} else {
-			ds[i] = ls[i].Decide(chs[i], env)
+			e := env
+			if c.holdFromMs != 0 {
+				c.applyHold(ls[i], &e)
+			}
+			ds[i] = ls[i].Decide(chs[i], e)
 			c.count(&ds[i])
 		}
 		allowed = allowed && ds[i].Allowed
 	}
-	if !c.joined {
+	if c.gated {
 		return false, ds, nil
 	}
 	for i := range checks {
@@ -422,7 +483,14 @@ func (c *Core) Earliest(now time.Time, rule, key string, req limiter.Request) (t
 	if !c.joined {
 		return max(c.cfg.JoinTimeout-now.Sub(c.started), 0), nil
 	}
-	return l.Earliest(ch, c.env(now)), nil
+	if c.fenced {
+		return c.cfg.Heartbeat, nil
+	}
+	env := c.env(now)
+	if c.holdFromMs != 0 {
+		c.applyHold(l, &env)
+	}
+	return l.Earliest(ch, env), nil
 }
 
 // Lease is a concurrency slot held by this member for a client.
@@ -447,8 +515,8 @@ func (c *Core) Acquire(now time.Time, rule, key, class string) (Lease, limiter.D
 		return Lease{}, limiter.Decision{}, err
 	}
 	env := c.env(now)
-	if !c.joined {
-		return Lease{}, c.joining(l, ch, now, env), nil
+	if c.gated {
+		return Lease{}, c.gate(l, ch, now, env), nil
 	}
 	d := l.DecideLease(ch, env, c.liveSlot)
 	c.count(&d)
@@ -633,6 +701,12 @@ func (c *Core) setState(m *member, s State) {
 	if m.state == s {
 		return
 	}
+	if c.fenced && s == Alive {
+		if c.healed == nil {
+			c.healed = make(map[string]bool)
+		}
+		c.healed[m.peer] = false
+	}
 	c.changes = append(c.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: m.state, To: s})
 	m.state = s
 	c.recount()
@@ -657,11 +731,15 @@ func (c *Core) recount() {
 			rank++
 		}
 	}
-	c.n, c.rank = alive+suspect, rank
+	c.n, c.nAlive, c.rank = alive+suspect, alive, rank
 	c.scale = 1
 	if c.cfg.Policy == Strict && suspect > 0 {
 		c.scale = float64(alive) / float64(alive+suspect)
 	}
+	// Strict: a side that holds no majority of the members fences itself
+	// (an exact half keeps the scale until evict_after).
+	c.fenced = c.cfg.Policy == Strict && 2*alive < alive+suspect
+	c.gated = !c.joined || c.fenced
 	c.envBase = limiter.Env{Members: c.n, Rank: c.rank, Scale: c.scale, AckDelay: 2 * c.cfg.SyncInterval}
 }
 
@@ -741,13 +819,54 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 		}
 	}
 	c.noteEvicted(now, b)
+	if full {
+		c.learnMembers(now, m.peer, b.Members)
+	}
 	if c.mergeEntries(now, b, true) > 0 || len(b.Windows)+len(b.Leases) > 0 {
 		c.needAck = true
 	}
-	if full && b.Has(crdt.FlagLast) && !c.joined {
-		c.stateArrived(b.From.Peer)
+	if full && b.Has(crdt.FlagLast) {
+		if _, ok := c.healed[m.peer]; ok {
+			c.healed[m.peer] = true
+		}
+		if !c.joined {
+			c.stateArrived(m.peer)
+		}
 	}
+	c.noteFence(now)
 	return nil
+}
+
+// noteFence follows the fence: a fence that lifted makes the member rejoin,
+// a new one starts recording the members heard again.
+func (c *Core) noteFence(now time.Time) {
+	switch {
+	case c.wasFenced && !c.fenced:
+		c.rejoin(now)
+	case c.fenced && !c.wasFenced:
+		c.healed = nil
+	}
+	c.wasFenced = c.fenced
+}
+
+// rejoin follows the lifting of a fence (the partition healed): the
+// members heard again hold usage this member has not merged yet — the
+// other side's partition-time admissions arrive with their full states,
+// and a heartbeat may come first — so the member serves again only once
+// the full state of each of them has arrived, as a joiner does, or
+// join_timeout passes.
+func (c *Core) rejoin(now time.Time) {
+	healed := c.healed
+	c.healed = nil
+	for peer, arrived := range healed {
+		if arrived || c.members[peer] == nil || c.members[peer].state != Alive {
+			continue
+		}
+		if c.joined {
+			c.joined, c.gated, c.started = false, true, now
+		}
+		c.ExpectState(peer)
+	}
 }
 
 // ExpectState tells a joining member that a connection to peer is up, so
@@ -777,6 +896,7 @@ func (c *Core) stateArrived(peer string) {
 	if len(c.expecting) == 0 {
 		c.joined, c.becameJoined = true, true
 		c.stateFrom, c.expecting = nil, nil
+		c.gated = c.fenced
 	}
 }
 
@@ -963,6 +1083,7 @@ func (c *Core) Tick(now time.Time) Ready {
 		return rd
 	}
 	c.updateMembers(now)
+	c.noteFence(now)
 	if !now.Before(c.nextOffset) {
 		c.updateOffset()
 		c.nextOffset = now.Add(c.cfg.Heartbeat)
@@ -972,6 +1093,10 @@ func (c *Core) Tick(now time.Time) Ready {
 	if !c.joined && now.Sub(c.started) >= c.cfg.JoinTimeout {
 		c.joined, c.becameJoined, c.timedOut = true, true, true
 		c.stateFrom, c.expecting = nil, nil
+		c.gated = c.fenced
+	}
+	if c.holdFromMs != 0 {
+		c.endHold(c.MeshMs(now))
 	}
 	if !now.Before(c.nextSync) {
 		c.nextSync = now.Add(c.cfg.SyncInterval)
@@ -1005,19 +1130,52 @@ func (c *Core) collectEvery() time.Duration {
 }
 
 func (c *Core) updateMembers(now time.Time) {
+	reclaim := c.cfg.reclaimAfter()
 	for _, m := range c.order {
 		if m.state == Left || m.state == Dead {
 			continue
 		}
 		silent := now.Sub(m.lastHeard)
 		switch {
-		case c.cfg.Policy == Strict && silent >= c.cfg.EvictAfter:
+		case c.cfg.Policy == Strict && silent >= reclaim && c.majority():
+			c.reclaim(now, m)
+		case c.cfg.Policy == Strict && silent >= c.cfg.EvictAfter && c.half():
 			c.evict(now, m)
 		case c.cfg.Policy == Available && silent >= c.cfg.DeadAfter:
 			c.setState(m, Dead)
 		case silent >= c.cfg.SuspectAfter && m.state == Alive:
 			c.setState(m, Suspect)
 		}
+	}
+}
+
+// majority reports whether the alive members, self included, are a strict
+// majority of the live ones; half, whether they are exactly half.
+func (c *Core) majority() bool { return 2*c.nAlive > c.n }
+func (c *Core) half() bool     { return 2*c.nAlive == c.n }
+
+// reclaim evicts a silent member on the side of a strict majority. The
+// member's side fenced itself before now (CoreConfig.ReclaimAfter), but it
+// may have admitted its share of the current windows, unseen: those keep
+// the scale of before (applyHold); later windows get the whole limit.
+func (c *Core) reclaim(now time.Time, m *member) {
+	scale := c.scale
+	if c.holdFromMs != 0 {
+		scale = min(scale, c.holdScale)
+	}
+	c.holdFromMs, c.holdScale = c.MeshMs(now), scale
+	c.evict(now, m)
+}
+
+// endHold ends a reclaim's hold once every rule's windows that began
+// before it have ended.
+func (c *Core) endHold(nowMs int64) {
+	var longest int64
+	for _, l := range c.limiters {
+		longest = max(longest, l.Rule().WindowMs())
+	}
+	if nowMs >= c.holdFromMs+2*longest {
+		c.holdFromMs, c.holdScale = 0, 0
 	}
 }
 
@@ -1440,13 +1598,123 @@ func (c *Core) markAllDirty() {
 	}
 }
 
-// FullState returns batches that carry every live value of our own slot,
-// flagged FlagFull, the last also FlagLast: the answer to an anti-entropy
-// request from a joining or healed peer. They take no sequence number and
-// are meant for that peer alone.
+// FullState returns the answer to an anti-entropy request from a joining,
+// restarted or healed peer: batches flagged FlagFull that carry every live
+// value this member holds — its own slot's, and relayed: other members'
+// (dead and left ones too) and earlier incarnations' window counts, and the
+// lease counts of live slots — plus its member table; the last is flagged
+// FlagLast. Merge is per-slot max, so a relayed value can only raise what
+// the receiver knows, never let it admit more. They take no sequence
+// number and are meant for that peer alone.
 func (c *Core) FullState(now time.Time) []*crdt.Batch {
-	wins, ls := c.ownLive()
-	return c.build(now, wins, ls, nil, crdt.FlagFull|crdt.FlagLast, false)
+	nowMs := c.MeshMs(now)
+	var out []*crdt.Batch
+	var b *crdt.Batch
+	var index map[crdt.SlotID]uint32
+	newBatch := func() {
+		b = &crdt.Batch{
+			Version: crdt.Version, From: c.self, Seq: c.seq, Sent: nowMs, Clock: now.UnixMilli(),
+			RulesHash: c.rulesHash, Ack: c.watermark(), Flags: crdt.FlagFull | crdt.FlagEcho,
+		}
+		index = make(map[crdt.SlotID]uint32)
+		out = append(out, b)
+	}
+	// slot returns id's index in the current batch, starting a new batch
+	// when the current one is full.
+	slot := func(id crdt.SlotID) uint32 {
+		if len(b.Windows)+len(b.Leases) >= batchEntries {
+			newBatch()
+		}
+		if id == c.selfID {
+			return 0
+		}
+		if i, ok := index[id]; ok {
+			return i
+		}
+		if len(b.Slots) >= crdt.MaxSlots {
+			newBatch()
+		}
+		b.Slots = append(b.Slots, c.slots.Slot(id))
+		index[id] = uint32(len(b.Slots))
+		return index[id]
+	}
+	newBatch()
+	for _, e := range c.evictions {
+		if len(b.Evicted) < crdt.MaxEvicted {
+			b.Evicted = append(b.Evicted, e.slot)
+		}
+	}
+	for _, m := range c.order {
+		if len(b.Members) >= crdt.MaxMembers {
+			newBatch()
+		}
+		b.Members = append(b.Members, crdt.MemberEntry{Peer: m.peer, Incarnation: m.inc, State: uint8(m.state)})
+	}
+	for _, name := range c.RuleNames() {
+		var series []*crdt.Series
+		c.limiters[name].Set().Each(func(s *crdt.Series) { series = append(series, s) })
+		sort.Slice(series, func(i, j int) bool { return series[i].Key < series[j].Key })
+		for _, s := range series {
+			wins := slices.Clone(s.Windows)
+			sortWindows(wins)
+			for _, w := range wins {
+				if w.Expired(nowMs) {
+					continue
+				}
+				w.Attempted.Each(func(id crdt.SlotID, att uint64) {
+					i := slot(id)
+					b.Windows = append(b.Windows, crdt.WindowEntry{Slot: i, Rule: name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: w.Admitted.Get(id), Attempted: att})
+				})
+			}
+			s.Leases.P.Each(func(id crdt.SlotID, p uint64) {
+				if !c.liveSlot(id) {
+					return
+				}
+				i := slot(id)
+				b.Leases = append(b.Leases, crdt.LeaseEntry{Slot: i, Rule: name, Key: s.Key, Acquired: p, Released: s.Leases.N.Get(id)})
+			})
+		}
+	}
+	out[len(out)-1].Flags |= crdt.FlagLast
+	for _, b := range out {
+		c.stats.EntriesSent += uint64(len(b.Windows) + len(b.Leases))
+	}
+	c.stats.BatchesSent += uint64(len(out))
+	return out
+}
+
+// learnMembers adds the members of a full state's member table that this
+// member does not know yet: alive and suspect ones count in N from now on
+// (a joiner must not take one member's view for the whole mesh); dead and
+// left ones are not members to learn of. Known members are left to their
+// own batches.
+func (c *Core) learnMembers(now time.Time, from string, ms []crdt.MemberEntry) {
+	added := false
+	for _, e := range ms {
+		if e.Peer == c.self.Peer || e.Peer == from || c.members[e.Peer] != nil {
+			continue
+		}
+		var st State
+		heard := now
+		switch e.State {
+		case crdt.MemberAlive:
+			st = Alive
+		case crdt.MemberSuspect:
+			st, heard = Suspect, now.Add(-c.cfg.SuspectAfter)
+		default:
+			continue
+		}
+		m := &member{peer: e.Peer, inc: e.Incarnation, state: st, lastHeard: heard, tag: crdt.PeerTag(e.Peer)}
+		m.slot = c.intern(crdt.Slot{Peer: e.Peer, Incarnation: e.Incarnation}, m)
+		c.members[m.peer] = m
+		i, _ := slices.BinarySearchFunc(c.order, m.peer, func(a *member, p string) int { return strings.Compare(a.peer, p) })
+		c.order = slices.Insert(c.order, i, m)
+		c.changes = append(c.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, To: st, New: true})
+		added = true
+	}
+	if added {
+		c.recount()
+	}
 }
 
 // Leave returns the final batches of a graceful leave: own pending changes

@@ -67,9 +67,11 @@ func membersOf(c *node.Core) string {
 
 // TestCoreMemberStates isolates one of three members and checks that each side
 // sees the other turn suspect after suspect_after and dead after
-// dead_after (available) or evicted after evict_after (strict), at the
-// exact instant (±1 tick), reported in Ready.Changes, with N and the scale
-// from Members(); and that after healing everyone is a member again.
+// dead_after (available), or, under strict, that the majority evicts the
+// isolated member after reclaim_after while the isolated member, a
+// minority, fences itself and evicts nobody — at the exact instant (±1
+// tick), reported in Ready.Changes, with N and the scale from Members();
+// and that after healing everyone is a member again.
 func TestCoreMemberStates(t *testing.T) {
 	const (
 		suspectAfter = 2 * time.Second
@@ -83,9 +85,10 @@ func TestCoreMemberStates(t *testing.T) {
 		suspectN int
 		suspectS float64 // scale while the isolated member is suspect
 		loneS    float64 // the isolated member's scale then
+		lone     string  // the isolated member's Members() once the others are gone
 	}{
-		{policy: node.Available, goneAt: deadAfter, suspectS: 1, loneS: 1},
-		{policy: node.Strict, goneAt: evictAfter, suspectS: 2.0 / 3, loneS: 1.0 / 3},
+		{policy: node.Available, goneAt: deadAfter, suspectS: 1, loneS: 1, lone: "N=1 scale=1.000"},
+		{policy: node.Strict, goneAt: evictAfter, suspectS: 2.0 / 3, loneS: 1.0 / 3, lone: "N=3 scale=0.333"},
 	}
 	for _, tc := range cases {
 		t.Run(string(tc.policy), func(t *testing.T) {
@@ -94,6 +97,7 @@ func TestCoreMemberStates(t *testing.T) {
 			net := cluster(t, 3, seed, apiRule(limiter.FixedWindow, 100), func(c *node.CoreConfig) {
 				c.Policy = tc.policy
 				c.SuspectAfter, c.DeadAfter, c.EvictAfter = suspectAfter, deadAfter, evictAfter
+				c.ReclaimAfter = evictAfter // the majority's eviction
 			})
 			net.Delay = 5 * time.Millisecond
 			rec := record(net)
@@ -120,8 +124,11 @@ func TestCoreMemberStates(t *testing.T) {
 			if got := membersOf(net.Core(0)); got != "N=2 scale=1.000" {
 				t.Errorf("member 0 with 2 gone: %s, want N=2 scale=1.000", got)
 			}
-			if got := membersOf(net.Core(2)); got != "N=1 scale=1.000" {
-				t.Errorf("isolated member 2 alone: %s, want N=1 scale=1.000", got)
+			if got := membersOf(net.Core(2)); got != tc.lone {
+				t.Errorf("isolated member 2 alone: %s, want %s", got, tc.lone)
+			}
+			if fenced := net.Core(2).Fenced(); fenced != (tc.policy == node.Strict) {
+				t.Errorf("isolated member 2 fenced %v under %s", fenced, tc.policy)
 			}
 			if st := state(t, net.Core(0), net.Local(0), "n02"); st != node.Dead {
 				t.Errorf("member 0 sees n02 %v, want dead", st)
@@ -136,6 +143,9 @@ func TestCoreMemberStates(t *testing.T) {
 				}{
 					{node.Alive, node.Suspect, lastHeard.Add(suspectAfter)},
 					{node.Suspect, node.Dead, lastHeard.Add(tc.goneAt)},
+				}
+				if observer == 2 && tc.policy == node.Strict {
+					want = want[:1] // a minority evicts nobody
 				}
 				if len(got) != len(want) {
 					t.Fatalf("member %d reported %d changes of %s, want %d: %+v", observer, len(got), peer, len(want), got)

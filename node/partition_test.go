@@ -14,8 +14,11 @@ import (
 //
 //   - before anyone turns suspect (partition shorter than suspect_after)
 //     the missing acknowledgements throttle both sides: ≤ 1.02 × the limit;
-//   - strict: still ≤ 1.02 × after the silent members turn suspect, each
-//     side within its alive/(alive+suspect) part of the limit;
+//   - strict: still ≤ 1.02 × after the silent members turn suspect; the
+//     minority side (2 of 5) fences itself and admits nothing, the majority
+//     keeps its 3/5 part of the limit until it reclaims the silent members'
+//     capacity (reclaim_after, 5 s), and from the first window that begins
+//     after the reclaim it admits ≥ 0.95 × the limit alone;
 //   - available: ≤ 2.04 × in all, and each side admits ≥ 0.9 × the limit
 //     once the other side is dead.
 func TestCorePartition(t *testing.T) {
@@ -31,6 +34,7 @@ func TestCorePartition(t *testing.T) {
 		maxTotal    float64 // × limit
 		maxA, maxB  float64 // × limit, 0: no bound
 		minA, minB  float64 // × limit
+		fencedA     bool    // side A admits nothing
 		description string
 	}
 	cases := []struct {
@@ -48,13 +52,19 @@ func TestCorePartition(t *testing.T) {
 			},
 		},
 		{
-			name: "strict", policy: node.Strict, cutFor: 7 * time.Second, after: 2700 * time.Millisecond,
+			name: "strict", policy: node.Strict, cutFor: 8900 * time.Millisecond, after: 2800 * time.Millisecond,
 			checks: []check{
-				{from: 1, to: 12, maxTotal: 1.02, description: "never over the limit"},
-				// Suspect from 4.3 s on: the sides scale the limit by 2/5 and 3/5.
-				{from: 5, to: 9, maxTotal: 1.02, maxA: 0.4 * 1.02, maxB: 0.6 * 1.02, minA: 0.3, minB: 0.5, description: "suspect: scaled shares"},
-				// Healed at 9.3 s.
-				{from: 10, to: 12, maxTotal: 1.02, minA: 0.05, minB: 0.05, description: "healed"},
+				{from: 1, to: 14, maxTotal: 1.02, description: "never over the limit"},
+				// Suspect from 4.3 s on: side A fences itself, side B
+				// scales the limit by 3/5 until it reclaims at 7.3 s.
+				{from: 5, to: 8, maxTotal: 1.02, maxB: 0.6 * 1.02, minB: 0.5, fencedA: true, description: "suspect: minority fenced, majority scaled"},
+				// Windows from 8 on begin after the reclaim (a sliding
+				// window's reads the one before, held to 3/5, too); by
+				// window 10 the majority admits the whole limit.
+				{from: 8, to: 11, maxTotal: 1.02, fencedA: true, description: "reclaimed, minority still fenced"},
+				{from: 10, to: 11, maxTotal: 1.02, minB: 0.95, fencedA: true, description: "reclaimed: majority has the whole limit"},
+				// Healed at 11.2 s: side A learns of its eviction and rejoins.
+				{from: 12, to: 14, maxTotal: 1.02, minA: 0.05, minB: 0.05, description: "healed"},
 			},
 		},
 		{
@@ -86,8 +96,11 @@ func TestCorePartition(t *testing.T) {
 				net.Partition(sideA, sideB)
 				run(t, net, tc.cutFor, drive)
 				if tc.policy == node.Strict && tc.cutFor > 2*time.Second {
-					if n, scale := net.Core(0).Members(); n != 5 || scale != 0.4 {
-						t.Errorf("strict, side A after suspect_after: Members() = %d, %v; want 5, 0.4", n, scale)
+					if n, scale := net.Core(0).Members(); n != 5 || scale != 0.4 || !net.Core(0).Fenced() {
+						t.Errorf("strict, side A after suspect_after: Members() = %d, %v, fenced %v; want 5, 0.4, fenced", n, scale, net.Core(0).Fenced())
+					}
+					if n, _ := net.Core(2).Members(); n != 3 || net.Core(2).Fenced() {
+						t.Errorf("strict, side B after reclaim_after: Members() = %d, fenced %v; want 3, not fenced", n, net.Core(2).Fenced())
 					}
 				}
 				if tc.policy == node.Available && tc.cutFor > 5*time.Second {
@@ -111,6 +124,8 @@ func TestCorePartition(t *testing.T) {
 							t.Errorf("%s: window %d admitted %v, over %v × the limit", ck.description, w-first, ga+gb, ck.maxTotal)
 						case ck.maxA > 0 && ga > ck.maxA*limit, ck.maxB > 0 && gb > ck.maxB*limit:
 							t.Errorf("%s: window %d sides admitted %v + %v, over %v and %v × the limit", ck.description, w-first, ga, gb, ck.maxA, ck.maxB)
+						case ck.fencedA && ga > 0:
+							t.Errorf("%s: window %d fenced side A admitted %v", ck.description, w-first, ga)
 						case ga < ck.minA*limit || gb < ck.minB*limit:
 							t.Errorf("%s: window %d sides admitted %v + %v, under %v and %v × the limit", ck.description, w-first, ga, gb, ck.minA, ck.minB)
 						}

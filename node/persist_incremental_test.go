@@ -227,11 +227,15 @@ func comparePersisters(t *testing.T, seed uint64, rulesA, rulesB []limiter.Rule,
 	}
 	saved := node.NewPersister(a0, time.Minute).Export(now)
 	now = now.Add(time.Duration(rng.IntN(5000)) * time.Millisecond)
+	// Under the available policy: time jumps make members silent, and a
+	// strict minority would fence itself and admit nothing to export.
+	available := func(cfg *node.CoreConfig) { cfg.Policy = node.Available }
 	a := newCore(t, "a", seed*10+1, now, rulesA, func(cfg *node.CoreConfig) {
 		cfg.Incarnation = node.NextIncarnation(a0.Self().Incarnation, now)
+		available(cfg)
 	})
 	skew := []time.Duration{0, time.Duration(rng.IntN(800)) * time.Millisecond, -time.Duration(rng.IntN(800)) * time.Millisecond}
-	cores := []*node.Core{a, newCore(t, "b", seed*10+2, now.Add(skew[1]), rulesA, nil), newCore(t, "c", seed*10+3, now.Add(skew[2]), rulesA, nil)}
+	cores := []*node.Core{a, newCore(t, "b", seed*10+2, now.Add(skew[1]), rulesA, available), newCore(t, "c", seed*10+3, now.Add(skew[2]), rulesA, available)}
 	p := node.NewPersister(a, time.Minute)
 	ref := node.NewRefPersister(a, time.Minute)
 	p.Restore(now, saved.Windows, saved.Leases)

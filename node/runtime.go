@@ -162,7 +162,9 @@ type Node struct {
 
 	ready   atomic.Bool
 	readyCh chan struct{}
-	skewed  bool // owned by the run loop
+	health  atomic.Int32 // a Health, as of the latest step or tick
+	skewed  bool         // owned by the run loop
+	fenced  bool         // owned by the run loop: the latest Health logged
 
 	closeOnce sync.Once
 	closeErr  error
@@ -231,6 +233,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if core.Ready() {
 		n.markReady()
 	}
+	n.noteHealth()
 	n.mu.Lock()
 	n.lastTick = n.readClock()
 	n.mu.Unlock()
@@ -369,11 +372,52 @@ func (n *Node) step(in Inbound) {
 		}
 	}
 	ready := n.core.Ready()
+	n.noteHealth()
 	n.mu.Unlock()
 	if ready {
 		n.markReady() // the next tick's Ready.Joined logs it
 	}
 }
+
+// Health is what a member can do at the moment.
+type Health int32
+
+// The healths.
+const (
+	// HealthJoining: joining (or rejoining after a partition healed), not
+	// yet holding the mesh's state; decisions are denied.
+	HealthJoining Health = iota
+	// HealthReady: serving decisions.
+	HealthReady
+	// HealthFenced: under the strict policy, its side of a partition
+	// holds no majority of the members; decisions are denied.
+	HealthFenced
+)
+
+var healthNames = [...]string{"joining", "ready", "fenced"}
+
+func (h Health) String() string {
+	if int(h) < len(healthNames) {
+		return healthNames[h]
+	}
+	return "unknown"
+}
+
+// noteHealth records the core's health for Health. mu must be held.
+func (n *Node) noteHealth() {
+	h := HealthReady
+	switch {
+	case !n.core.Ready():
+		h = HealthJoining
+	case n.core.Fenced():
+		h = HealthFenced
+	}
+	n.health.Store(int32(h))
+}
+
+// Health reports whether the member serves decisions now, or why not:
+// joining, or fenced (/healthz answers it).
+func (n *Node) Health() Health { return Health(n.health.Load()) }
 
 // answer sends the member's full state to a peer that connected.
 func (n *Node) answer(peer string) {
@@ -400,7 +444,18 @@ func (n *Node) tick() time.Duration {
 	rd := n.core.Tick(now)
 	next := n.core.NextTick().Sub(now)
 	skewed, offset := n.core.SkewExceeded(), n.core.Offset()
+	n.noteHealth()
+	fenced := n.core.Fenced()
+	alive, members := n.core.Alive()
 	n.mu.Unlock()
+	if fenced != n.fenced {
+		n.fenced = fenced
+		if fenced {
+			n.log.Error("fenced: this side of a partition holds no majority of the members; denying every decision until it heals (strict policy)", "alive", alive, "members", members)
+		} else {
+			n.log.Warn("fence lifted; serving again once the members heard again have sent their state", "alive", alive, "members", members)
+		}
+	}
 	for _, b := range rd.Messages {
 		if err := n.cfg.Transport.Publish(n.ctx, b); err != nil {
 			if n.ctx.Err() == nil {

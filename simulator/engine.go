@@ -101,6 +101,8 @@ type simEvent struct {
 	kind EventKind // scripted kinds, or "churn" / "churn-restart"
 	ev   *Event
 	node int
+	inc  uint64 // evDial: the incarnation that dials
+	seed int    // evDial: the seed it exchanged with already
 }
 
 type eventQueue []simEvent
@@ -124,6 +126,7 @@ func (q *eventQueue) Pop() any {
 const (
 	evChurn        EventKind = "churn"
 	evChurnRestart EventKind = "churn-restart"
+	evDial         EventKind = "dial" // a joiner dials the members its seed's full state named
 	sampleEntries            = 16
 	sampleMaxAgeMs           = 10_000
 )

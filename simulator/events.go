@@ -81,7 +81,7 @@ func (s *sim) apply(e simEvent) error {
 				return err
 			}
 			s.refreshUp()
-			if err := s.antiEntropy(i); err != nil {
+			if err := s.bootstrap(i); err != nil {
 				return err
 			}
 		}
@@ -133,6 +133,10 @@ func (s *sim) apply(e simEvent) error {
 	case evChurnRestart:
 		if _, err := s.restart(e.node); err != nil {
 			return err
+		}
+	case evDial:
+		if n := s.nodes[e.node]; n.up && n.inc == e.inc {
+			return s.antiEntropy(e.node, -1, e.seed)
 		}
 	}
 	return nil
@@ -196,8 +200,8 @@ func (s *sim) crash(i int) bool {
 	return true
 }
 
-// restart starts a crashed node with a new incarnation, and runs
-// anti-entropy with every node it reaches.
+// restart starts a crashed node with a new incarnation that rejoins as in
+// production (bootstrap).
 func (s *sim) restart(i int) (bool, error) {
 	n := s.nodes[i]
 	if n.up || n.gone || !n.exists {
@@ -207,16 +211,41 @@ func (s *sim) restart(i int) (bool, error) {
 		return false, err
 	}
 	s.refreshUp()
-	return true, s.antiEntropy(i)
+	return true, s.bootstrap(i)
 }
 
-// antiEntropy exchanges full states between node i and every up node in its
-// group.
-func (s *sim) antiEntropy(i int) error {
+// bootstrap models how a starting node joins in production: it connects to
+// one seed (its bootstrap address: the first up node of its group) and
+// exchanges full states with it alone; the seed's answer names every member
+// with its addresses, and the node dials the others once that answer has
+// arrived (a network delay, plus one for the dial). Until then it knows
+// the others only through the seed's relayed state and their gossip.
+func (s *sim) bootstrap(i int) error {
+	seed := -1
+	for _, r := range s.upList {
+		if j := int(r); j != i && s.nodes[j].group == s.nodes[i].group {
+			seed = j
+			break
+		}
+	}
+	if seed < 0 {
+		return nil
+	}
+	if err := s.antiEntropy(i, seed, -1); err != nil {
+		return err
+	}
+	dialMs := 2*(s.latNs+s.jitNs)/int64(time.Millisecond) + 1
+	s.push(simEvent{at: s.now + dialMs, kind: evDial, node: i, inc: s.nodes[i].inc, seed: seed})
+	return nil
+}
+
+// antiEntropy exchanges full states between node i and node only, or every
+// up node in its group but skip when only is −1.
+func (s *sim) antiEntropy(i, only, skip int) error {
 	mine := s.nodes[i].core.FullState(s.local(i))
 	for _, r := range s.upList {
 		j := int(r)
-		if j == i || s.nodes[j].group != s.nodes[i].group {
+		if j == i || j == skip || s.nodes[j].group != s.nodes[i].group || (only >= 0 && j != only) {
 			continue
 		}
 		theirs := s.nodes[j].core.FullState(s.local(j))

@@ -167,6 +167,7 @@ type rawMesh struct {
 	SuspectAfter    string `yaml:"suspect_after"`
 	DeadAfter       string `yaml:"dead_after"`
 	EvictAfter      string `yaml:"evict_after"`
+	ReclaimAfter    string `yaml:"reclaim_after"`
 	PartitionPolicy string `yaml:"partition_policy"`
 	MaxSkew         string `yaml:"max_skew"`
 	JoinTimeout     string `yaml:"join_timeout"`
@@ -415,6 +416,7 @@ func (raw *rawScenario) buildMesh(s *Scenario) error {
 		{"mesh.suspect_after", m.SuspectAfter, &cfg.SuspectAfter},
 		{"mesh.dead_after", m.DeadAfter, &cfg.DeadAfter},
 		{"mesh.evict_after", m.EvictAfter, &cfg.EvictAfter},
+		{"mesh.reclaim_after", m.ReclaimAfter, &cfg.ReclaimAfter},
 		{"mesh.max_skew", m.MaxSkew, &cfg.MaxSkew},
 		{"mesh.join_timeout", m.JoinTimeout, &cfg.JoinTimeout},
 	}

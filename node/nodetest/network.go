@@ -189,6 +189,27 @@ func (n *Network) Add(c *node.Core) int {
 	return i
 }
 
+// AddThrough attaches a core that knows one seed only, as a node started
+// with a single bootstrap address: the anti-entropy exchange runs with the
+// seed alone. Gossip reaches it from every member, as gossipsub forwards
+// through the seed.
+func (n *Network) AddThrough(c *node.Core, seed int) int {
+	n.members = append(n.members, &entry{core: c})
+	n.Bytes = append(n.Bytes, 0)
+	i := len(n.members) - 1
+	n.sendFull(seed, i)
+	n.sendFull(i, seed)
+	return i
+}
+
+// ReplaceThrough swaps member i's core for c (a restart) and runs an
+// anti-entropy exchange with the seed alone, as AddThrough.
+func (n *Network) ReplaceThrough(i int, c *node.Core, seed int) {
+	n.members[i] = &entry{core: c, skew: n.members[i].skew}
+	n.sendFull(seed, i)
+	n.sendFull(i, seed)
+}
+
 // Core returns member i's core.
 func (n *Network) Core(i int) *node.Core { return n.members[i].core }
 
