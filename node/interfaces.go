@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"sync"
 
@@ -118,8 +119,28 @@ type Store interface {
 	LoadLeases(ctx context.Context) ([]Lease, error)
 	// Flush writes f in one batch and syncs it before it returns.
 	Flush(ctx context.Context, f Flush) error
+	// LoadPeers returns the members saved by SavePeers, nil if none.
+	LoadPeers(ctx context.Context) ([]KnownPeer, error)
+	// SavePeers replaces the saved members with peers: a node restarted
+	// with no bootstrap address dials them.
+	SavePeers(ctx context.Context, peers []KnownPeer) error
 	// Close releases the store; later calls fail.
 	Close() error
+}
+
+// KnownPeer is a member and the full multiaddrs (ending in /p2p/<peer
+// ID>) it was reached at, as persisted for a restart.
+type KnownPeer struct {
+	Peer  string   `json:"peer"`
+	Addrs []string `json:"addrs"`
+}
+
+// AddrBook is what a Transport may offer for persisting the members'
+// addresses: the full multiaddrs it knows for a peer. The runtime saves
+// the live members' addresses to the Store with each flush when its
+// Transport implements it.
+type AddrBook interface {
+	KnownAddrs(peer string) []string
 }
 
 // ErrStoreClosed is returned by a closed MemoryStore.
@@ -139,8 +160,38 @@ type MemoryStore struct {
 	inc      uint64
 	recs     map[recKey]WindowRecord
 	leases   map[string]Lease
+	peers    []KnownPeer
 	flushes  int
 	closed   bool
+}
+
+// LoadPeers implements Store.
+func (s *MemoryStore) LoadPeers(context.Context) ([]KnownPeer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrStoreClosed
+	}
+	return cloneKnown(s.peers), nil
+}
+
+// SavePeers implements Store.
+func (s *MemoryStore) SavePeers(_ context.Context, peers []KnownPeer) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrStoreClosed
+	}
+	s.peers = cloneKnown(peers)
+	return nil
+}
+
+func cloneKnown(ps []KnownPeer) []KnownPeer {
+	out := make([]KnownPeer, len(ps))
+	for i, p := range ps {
+		out[i] = KnownPeer{Peer: p.Peer, Addrs: slices.Clone(p.Addrs)}
+	}
+	return out
 }
 
 var _ Store = (*MemoryStore)(nil)

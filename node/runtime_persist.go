@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -32,7 +33,8 @@ type persistence struct {
 	p       *Persister // guarded by Node.mu
 	storeMu sync.Mutex // serialises Store calls: the flush loop, the run loop's incarnation saves, Close
 	done    chan struct{}
-	failing bool // the last flush failed; guarded by storeMu
+	failing bool        // the last flush failed; guarded by storeMu
+	peers   []KnownPeer // the members last saved; persistLoop's own
 }
 
 // restore loads the saved windows and leases into core before the member
@@ -68,6 +70,7 @@ func (n *Node) persistLoop() {
 			return
 		case <-t.C:
 			_ = n.flush(n.ctx)
+			n.savePeers(n.ctx)
 		}
 	}
 }
@@ -104,4 +107,42 @@ func (n *Node) saveIncarnation(inc uint64) error {
 	n.persist.storeMu.Lock()
 	defer n.persist.storeMu.Unlock()
 	return n.cfg.Store.SaveIncarnation(n.ctx, inc)
+}
+
+// savePeers saves the live members' addresses when they changed, if the
+// Transport can tell them (AddrBook), so a node restarted with no
+// bootstrap address dials the members it knew. A failure is logged; the
+// next flush tries again.
+func (n *Node) savePeers(ctx context.Context) {
+	book, ok := n.cfg.Transport.(AddrBook)
+	if !ok {
+		return
+	}
+	n.mu.Lock()
+	var live []string
+	for _, p := range n.core.Peers(n.readClock()) {
+		if !p.Self && (p.State == Alive || p.State == Suspect) {
+			live = append(live, p.Peer)
+		}
+	}
+	n.mu.Unlock()
+	var peers []KnownPeer
+	for _, p := range live {
+		if addrs := book.KnownAddrs(p); len(addrs) > 0 {
+			peers = append(peers, KnownPeer{Peer: p, Addrs: addrs})
+		}
+	}
+	if len(peers) == 0 || slices.EqualFunc(peers, n.persist.peers, func(a, b KnownPeer) bool {
+		return a.Peer == b.Peer && slices.Equal(a.Addrs, b.Addrs)
+	}) {
+		return // nothing known, or nothing new: keep what was saved
+	}
+	n.persist.storeMu.Lock()
+	err := n.cfg.Store.SavePeers(ctx, peers)
+	n.persist.storeMu.Unlock()
+	if err != nil {
+		n.log.Warn("persist: save the members' addresses", "err", err)
+		return
+	}
+	n.persist.peers = peers
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -51,6 +52,7 @@ var (
 	keyFormat      = ds.RawKey("/meta/format")
 	keyIdentity    = ds.RawKey("/meta/identity")
 	keyIncarnation = ds.RawKey("/meta/incarnation")
+	keyPeers       = ds.RawKey("/meta/peers")
 )
 
 const (
@@ -350,6 +352,49 @@ func (s *Store) SaveIncarnation(ctx context.Context, inc uint64) error {
 		return s.fail("save incarnation", err)
 	}
 	return s.fail("save incarnation", s.d.Sync(ctx, keyIncarnation))
+}
+
+// LoadPeers implements node.Store: the members saved by SavePeers (JSON
+// under /meta/peers), nil on a store that has none.
+func (s *Store) LoadPeers(ctx context.Context) ([]node.KnownPeer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(); err != nil {
+		return nil, err
+	}
+	v, err := s.d.Get(ctx, keyPeers)
+	if errors.Is(err, ds.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, s.fail("load peers", err)
+	}
+	var peers []node.KnownPeer
+	if err := json.Unmarshal(v, &peers); err != nil {
+		return nil, s.fail("load peers", fmt.Errorf("%w: %v", ErrCorrupt, err))
+	}
+	for i, p := range peers {
+		if p.Peer == "" {
+			return nil, s.fail("load peers", fmt.Errorf("%w: peers[%d]: empty peer ID", ErrCorrupt, i))
+		}
+	}
+	return peers, nil
+}
+
+// SavePeers implements node.Store. The members' addresses are a hint, not
+// state a restart depends on: they are written without a sync and reach
+// the disk with the next flush.
+func (s *Store) SavePeers(ctx context.Context, peers []node.KnownPeer) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(); err != nil {
+		return err
+	}
+	v, err := json.Marshal(peers)
+	if err != nil {
+		return s.fail("save peers", err)
+	}
+	return s.fail("save peers", s.d.Put(ctx, keyPeers, v))
 }
 
 // LoadWindows implements node.Store.

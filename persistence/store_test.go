@@ -260,3 +260,42 @@ func TestLoadRefusesCorruptRecords(t *testing.T) {
 		t.Errorf("flush over a corrupt record: %v, want ErrCorrupt", err)
 	}
 }
+
+// TestPeersRoundTrip: the members' addresses saved survive a reopen of the
+// directory; a corrupt entry is refused naming the problem.
+func TestPeersRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.LoadPeers(ctx); err != nil || got != nil {
+		t.Fatalf("fresh store: %v, %v; want none", got, err)
+	}
+	want := []node.KnownPeer{{Peer: "12D3KooWA", Addrs: []string{"/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWA"}}, {Peer: "12D3KooWB", Addrs: []string{"/ip4/127.0.0.1/tcp/4002/p2p/12D3KooWB"}}}
+	if err := s.SavePeers(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(ctx, node.Flush{}); err != nil { // syncs
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.LoadPeers(ctx)
+	if err != nil || len(got) != 2 || got[1].Peer != "12D3KooWB" || got[1].Addrs[0] != want[1].Addrs[0] {
+		t.Errorf("after reopening: %+v, %v; want %+v", got, err, want)
+	}
+	m := NewMemory()
+	if err := m.d.Put(ctx, keyPeers, []byte(`[{"peer":""}]`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.LoadPeers(ctx); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "peers[0]") {
+		t.Errorf("corrupt peers: %v; want ErrCorrupt naming peers[0]", err)
+	}
+}

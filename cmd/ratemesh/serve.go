@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 
@@ -142,16 +144,26 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 	var plaus plausibility
 	plaus.update(cfg.Rules)
 	mcfg.Plausible = plaus.get
-	m, err := mesh.New(mcfg)
-	if err != nil {
-		return err
-	}
 	store, err := persistence.Open(cfg.Node.DataDir)
 	if err != nil {
-		_ = m.Close()
 		return fmt.Errorf("node.data_dir: %w", err)
 	}
+	known, err := knownPeers(ctx, store, mcfg.Bootstrap, key)
+	if err != nil {
+		_ = store.Close()
+		return fmt.Errorf("node.data_dir: %w", err)
+	}
+	if len(known) > 0 {
+		log.Info("dialing the members known before the restart", "addrs", len(known))
+		mcfg.Bootstrap = append(mcfg.Bootstrap, known...)
+	}
+	m, err := mesh.New(mcfg)
+	if err != nil {
+		_ = store.Close()
+		return err
+	}
 	ncfg := cfg.NodeConfig(node.DefaultConfig())
+	ncfg.Join = len(mcfg.Bootstrap) > 0
 	ncfg.Peer, ncfg.Transport, ncfg.Store, ncfg.Logger = m.PeerID(), m, store, log.With("component", "node")
 	// The API serves during the join: /healthz answers 503 "joining" and
 	// decisions are denied with retry_after = the time left of
@@ -243,6 +255,39 @@ loop:
 	}
 	log.Info("stopped")
 	return serveErr
+}
+
+// knownPeers returns the saved members' addresses (node.Store.LoadPeers)
+// that the bootstrap list does not name already: a restarted node dials
+// the members it knew, with or without --bootstrap. Its own peer ID is
+// left out.
+func knownPeers(ctx context.Context, store node.Store, bootstrap []string, self crypto.PrivKey) ([]string, error) {
+	peers, err := store.LoadPeers(ctx)
+	if err != nil || len(peers) == 0 {
+		return nil, err
+	}
+	selfID, err := peer.IDFromPrivateKey(self)
+	if err != nil {
+		return nil, err
+	}
+	named := make(map[string]bool)
+	for _, a := range bootstrap {
+		if pi, err := peer.AddrInfoFromString(a); err == nil {
+			named[pi.ID.String()] = true
+		}
+	}
+	var out []string
+	for _, p := range peers {
+		if p.Peer == selfID.String() || named[p.Peer] {
+			continue
+		}
+		for _, a := range p.Addrs {
+			if _, err := peer.AddrInfoFromString(a); err == nil {
+				out = append(out, a)
+			}
+		}
+	}
+	return out, nil
 }
 
 // reload applies the rules of the file at path: an invalid rule keeps its
