@@ -39,10 +39,9 @@ const (
 
 // Flags of a Batch.
 const (
-	// FlagFull marks an anti-entropy answer: it carries every live slot
-	// its sender holds — its own, and relayed ones of other members and
-	// earlier incarnations (Batch.Slots) — and its member table
-	// (Batch.Members), not just changes.
+	// FlagFull marks an anti-entropy batch: every live value of the
+	// sender's own slot and its member table (Batch.Members), not just
+	// changes; with FlagRelay, every live slot the sender holds.
 	FlagFull uint64 = 1 << iota
 	// FlagLeaving announces a graceful leave: the sender stops counting
 	// as a member at once.
@@ -54,6 +53,14 @@ const (
 	// decoder that predates Echoes refuses a batch carrying them (unknown
 	// field) while it ignores an unknown flag.
 	FlagEcho
+	// FlagWant, on a full state, asks the receiver for a relay: the
+	// sender is joining, restarting or fenced and needs the receiver's
+	// whole view, not only its own slot.
+	FlagWant
+	// FlagRelay marks a full state that relays every live slot its
+	// sender holds — other members', dead and left members', earlier
+	// incarnations' (Batch.Slots) — the answer to FlagWant.
+	FlagRelay
 )
 
 // ErrMalformed wraps every decoding and validation failure.

@@ -60,6 +60,9 @@ type Ready struct {
 	// JoinTimedOut that it did so because join_timeout passed without an
 	// anti-entropy exchange.
 	Joined, JoinTimedOut bool
+	// Relays are the peers that asked for this member's whole view
+	// (crdt.FlagWant): send each RelayState, directly.
+	Relays []string
 }
 
 // Stats counts what the core has done; every field only grows.
@@ -178,7 +181,10 @@ type Core struct {
 	// state has arrived since (see rejoin).
 	healed map[string]bool
 	// wasFenced is fenced as of the last recount, to see the fence lift.
-	wasFenced    bool
+	wasFenced bool
+	// wants are the peers whose full state asked for a relay (FlagWant),
+	// in the order they asked, until the next Ready.
+	wants        []string
 	lastSent     time.Time
 	nextSync     time.Time
 	nextRepair   time.Time
@@ -785,6 +791,11 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 		c.changes = append(c.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: old, To: Alive, New: true})
 		c.recount()
 	}
+	if full && b.Has(crdt.FlagWant) && !slices.Contains(c.wants, m.peer) {
+		// Asked for our whole view: joining, restarting, or fenced (an
+		// evicted member too: it needs the state to serve again).
+		c.wants = append(c.wants, m.peer)
+	}
 	if m.evicted {
 		// We evicted this incarnation; its counts still count, but it is
 		// not a member again until it takes a new incarnation (it learns
@@ -825,7 +836,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	if c.mergeEntries(now, b, true) > 0 || len(b.Windows)+len(b.Leases) > 0 {
 		c.needAck = true
 	}
-	if full && b.Has(crdt.FlagLast) {
+	if full && b.Has(crdt.FlagLast) && b.Has(crdt.FlagRelay) {
 		if _, ok := c.healed[m.peer]; ok {
 			c.healed[m.peer] = true
 		}
@@ -1112,6 +1123,7 @@ func (c *Core) Tick(now time.Time) Ready {
 	rd.Changes, c.changes = c.changes, nil
 	rd.NewIncarnation, c.newInc = c.newInc, 0
 	rd.Joined, rd.JoinTimedOut = c.becameJoined, c.timedOut
+	rd.Relays, c.wants = c.wants, nil
 	c.becameJoined, c.timedOut = false, false
 	return rd
 }
@@ -1598,15 +1610,41 @@ func (c *Core) markAllDirty() {
 	}
 }
 
-// FullState returns the answer to an anti-entropy request from a joining,
-// restarted or healed peer: batches flagged FlagFull that carry every live
-// value this member holds — its own slot's, and relayed: other members'
-// (dead and left ones too) and earlier incarnations' window counts, and the
-// lease counts of live slots — plus its member table; the last is flagged
-// FlagLast. Merge is per-slot max, so a relayed value can only raise what
-// the receiver knows, never let it admit more. They take no sequence
-// number and are meant for that peer alone.
+// FullState returns what this member sends a peer on every new connection:
+// batches flagged FlagFull with every live window value of its own slots
+// (the current incarnation's and earlier ones': a member evicted during a
+// partition has taken a new incarnation by the time it reconnects), the
+// lease counts of its current slot, its member table and the slots it
+// evicted; the last is flagged FlagLast.
+// While joining or fenced it also sets FlagWant: the peer answers with a
+// relay of its whole view (RelayState), which is what readiness waits
+// for. They take no sequence number and are meant for that peer alone.
 func (c *Core) FullState(now time.Time) []*crdt.Batch {
+	flags := crdt.FlagFull
+	if !c.joined || c.fenced {
+		flags |= crdt.FlagWant
+	}
+	return c.fullState(now, flags, false)
+}
+
+// RelayState returns the answer to a peer's FlagWant: like FullState, plus
+// every live value this member holds of other slots — other members',
+// dead and left members', earlier incarnations' windows, and the lease
+// counts of live slots — flagged FlagRelay. Merge is per-slot max, so a
+// relayed value can only raise what the receiver knows, never let it
+// admit more.
+func (c *Core) RelayState(now time.Time) []*crdt.Batch {
+	return c.fullState(now, crdt.FlagFull|crdt.FlagRelay, true)
+}
+
+// ownSlot reports whether id is one of this member's slots: the current
+// incarnation's or an earlier one's (restored from disk, or left behind by
+// a new incarnation taken after an eviction).
+func (c *Core) ownSlot(id crdt.SlotID) bool {
+	return id == c.selfID || c.slots.Slot(id).Peer == c.self.Peer
+}
+
+func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch {
 	nowMs := c.MeshMs(now)
 	var out []*crdt.Batch
 	var b *crdt.Batch
@@ -1614,7 +1652,7 @@ func (c *Core) FullState(now time.Time) []*crdt.Batch {
 	newBatch := func() {
 		b = &crdt.Batch{
 			Version: crdt.Version, From: c.self, Seq: c.seq, Sent: nowMs, Clock: now.UnixMilli(),
-			RulesHash: c.rulesHash, Ack: c.watermark(), Flags: crdt.FlagFull | crdt.FlagEcho,
+			RulesHash: c.rulesHash, Ack: c.watermark(), Flags: flags | crdt.FlagEcho,
 		}
 		index = make(map[crdt.SlotID]uint32)
 		out = append(out, b)
@@ -1662,12 +1700,15 @@ func (c *Core) FullState(now time.Time) []*crdt.Batch {
 					continue
 				}
 				w.Attempted.Each(func(id crdt.SlotID, att uint64) {
+					if !relay && !c.ownSlot(id) {
+						return
+					}
 					i := slot(id)
 					b.Windows = append(b.Windows, crdt.WindowEntry{Slot: i, Rule: name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: w.Admitted.Get(id), Attempted: att})
 				})
 			}
 			s.Leases.P.Each(func(id crdt.SlotID, p uint64) {
-				if !c.liveSlot(id) {
+				if (id != c.selfID && !relay) || !c.liveSlot(id) {
 					return
 				}
 				i := slot(id)

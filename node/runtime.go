@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/limiter"
 )
 
@@ -424,6 +425,20 @@ func (n *Node) answer(peer string) {
 	n.mu.Lock()
 	bs := n.core.FullState(n.readClock())
 	n.mu.Unlock()
+	n.sendDirect(peer, bs)
+}
+
+// relay sends the member's whole view to a peer that asked for it
+// (Ready.Relays).
+func (n *Node) relay(peer string) {
+	n.mu.Lock()
+	bs := n.core.RelayState(n.readClock())
+	n.mu.Unlock()
+	n.sendDirect(peer, bs)
+}
+
+// sendDirect sends bs to peer alone.
+func (n *Node) sendDirect(peer string, bs []*crdt.Batch) {
 	// Sent from a goroutine of its own: SendDirect may wait for a slow or
 	// unreachable peer up to the transport's sync timeout, and the loop's
 	// ticks and merges must not wait with it. Close waits for these.
@@ -463,6 +478,9 @@ func (n *Node) tick() time.Duration {
 			}
 			break
 		}
+	}
+	for _, p := range rd.Relays {
+		n.relay(p)
 	}
 	for _, c := range rd.Changes {
 		if c.New {

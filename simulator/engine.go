@@ -746,6 +746,27 @@ func (s *sim) direct(from, to int, bs []*crdt.Batch) {
 	}
 }
 
+// relay answers a peer's request for node from's whole view (a joiner,
+// restarted or fenced node's FlagWant) with its RelayState, directly, if
+// that peer is up and reachable.
+func (s *sim) relay(from int, peer string) error {
+	to := -1
+	for _, r := range s.upList {
+		if s.nodes[r].peer == peer {
+			to = int(r)
+		}
+	}
+	if to < 0 || s.nodes[to].group != s.nodes[from].group {
+		return nil
+	}
+	bs := s.nodes[from].core.RelayState(s.local(from))
+	if err := s.countDirect(from, bs); err != nil {
+		return err
+	}
+	s.direct(from, to, bs)
+	return nil
+}
+
 // tick publishes, in upList order, what the Ticks of the nodes due now
 // (run by work) asked to send, and schedules their next Tick.
 func (s *sim) tick() error {
@@ -756,6 +777,11 @@ func (s *sim) tick() error {
 		s.readies[r] = node.Ready{}
 		for _, b := range rd.Messages {
 			if err := s.publish(int(r), b); err != nil {
+				return err
+			}
+		}
+		for _, p := range rd.Relays {
+			if err := s.relay(int(r), p); err != nil {
 				return err
 			}
 		}

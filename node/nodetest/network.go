@@ -343,7 +343,12 @@ func (n *Network) sendFull(from, to int) {
 	if !n.Reachable(from, to) {
 		return
 	}
-	for _, b := range n.members[from].core.FullState(n.Local(from)) {
+	n.send(from, to, n.members[from].core.FullState(n.Local(from)))
+}
+
+// send delivers batches from member from to member to alone, after Delay.
+func (n *Network) send(from, to int, bs []*crdt.Batch) {
+	for _, b := range bs {
 		data := n.encode(from, b)
 		if n.Filter != nil && !n.Filter(from, to, b) {
 			continue
@@ -434,6 +439,13 @@ func (n *Network) Tick() {
 		rd := m.core.Tick(n.Local(i))
 		for _, b := range rd.Messages {
 			n.Publish(i, b)
+		}
+		for _, p := range rd.Relays {
+			for j, o := range n.members {
+				if o.core.Self().Peer == p && n.Reachable(i, j) {
+					n.send(i, j, m.core.RelayState(n.Local(i)))
+				}
+			}
 		}
 		if n.OnReady != nil {
 			n.OnReady(i, n.Local(i), rd)
