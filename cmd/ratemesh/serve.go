@@ -165,13 +165,14 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 		_ = store.Close()
 		return fmt.Errorf("node.api: %w", err)
 	}
+	ln = limitConns(ln, cfg.Node.HTTP)
 	if host, _, err := net.SplitHostPort(ln.Addr().String()); err == nil {
 		if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() {
 			log.Warn("the HTTP API listens on a non-loopback address and has no authentication: anyone who can reach it may spend limits and evict members", "api", ln.Addr().String())
 		}
 	}
 	front := &frontHandler{}
-	srv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := newAPIServer(cfg.Node.HTTP, front, log)
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 	shutdownHTTP := func() {
@@ -192,7 +193,7 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 		}
 		return err
 	}
-	api, err := httpapi.New(httpapi.Config{Node: n, Transport: m, Logger: log.With("component", "api")})
+	api, err := httpapi.New(httpapi.Config{Node: n, Transport: m, MaxWait: maxWait, Logger: log.With("component", "api")})
 	if err != nil {
 		_ = n.Close()
 		shutdownHTTP()

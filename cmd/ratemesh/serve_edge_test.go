@@ -1,0 +1,299 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/ratemesh/ratemesh/httpapi"
+)
+
+// runServeToExit runs `ratemesh serve args...`, which must exit on its
+// own within 30 s, and returns its exit code and output.
+func runServeToExit(t *testing.T, bin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"serve"}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	_ = cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("serve %v still running after 30 s; stderr:\n%s", args, errb.String())
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// TestServeRefusesPortsInUse: a second serve on a libp2p port a running
+// node holds (once shared silently through SO_REUSEPORT), or on its API
+// address, exits 1 without a ready line, naming the address; the first
+// node serves on.
+func TestServeRefusesPortsInUse(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	first := startServe(t, bin, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", filepath.Join(dir, "a"))
+	full, err := ma.NewMultiaddr(first.ready.Addrs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen, _ := ma.SplitFunc(full, func(c ma.Component) bool { return c.Protocol().Code == ma.P_P2P })
+	port, err := listen.ValueForProtocol(ma.P_TCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"libp2p port", []string{"--api", "127.0.0.1:0", "--listen", listen.String()},
+			[]string{"listen address in use", listen.String(), "tcp port " + port, "address already in use"}},
+		{"libp2p port among others", []string{"--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--listen", listen.String()},
+			[]string{"listen address in use", "tcp port " + port}},
+		{"API address", []string{"--api", first.ready.API, "--listen", "/ip4/127.0.0.1/tcp/0"},
+			[]string{"node.api", first.ready.API, "address already in use"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(tc.args, "--data-dir", filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")))
+			code, stdout, stderr := runServeToExit(t, bin, args...)
+			if code != 1 || stdout != "" {
+				t.Fatalf("exit %d, stdout %q; want exit 1 and no ready line; stderr:\n%s", code, stdout, stderr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr does not name %q:\n%s", w, stderr)
+				}
+			}
+		})
+	}
+	var ar httpapi.AllowResponse
+	if status, err := first.post("/v1/allow", `{"rule":"default","key":"k"}`, &ar); err != nil || status != 200 || !ar.Allowed {
+		t.Fatalf("the first node after the refusals: %d %v %+v", status, err, ar)
+	}
+}
+
+// slowClient opens a connection to addr and sends head, calls sent, then
+// sends one byte of trickle a second until the server closes the
+// connection. It returns how long the server took to close it, and the
+// status line it answered with, if any.
+func slowClient(addr, head, trickle string, limit time.Duration, sent func()) (time.Duration, string, error) {
+	defer sent() // at the latest
+	start := time.Now()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return 0, "", err
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, head); err != nil {
+		return 0, "", err
+	}
+	sent()
+	closed := make(chan struct{})
+	var status string
+	var took time.Duration
+	go func() {
+		defer close(closed)
+		_ = c.SetReadDeadline(start.Add(limit))
+		r := bufio.NewReader(c)
+		status, _ = r.ReadString('\n')
+		_, _ = io.Copy(io.Discard, r) // until the server closes
+		took = time.Since(start)
+	}()
+	tick := time.NewTicker(time.Second) // the client's pace: one byte a second
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-closed:
+			if took >= limit {
+				return took, status, fmt.Errorf("still open after %v", limit)
+			}
+			return took, strings.TrimSpace(status), nil
+		case <-tick.C:
+			_, _ = c.Write([]byte{trickle[i%len(trickle)]})
+		}
+	}
+}
+
+// TestServeCutsSlowClients: with the default node.http settings, 30
+// clients sending a body at 1 byte/s and 10 sending their headers at 1
+// byte/s are all cut off within 20 s (at read_timeout, 10 s), while 20
+// normal decisions from other clients succeed at once; an oversized
+// header set gets 431.
+func TestServeCutsSlowClients(t *testing.T) {
+	bin := buildBinary(t)
+	p := startServe(t, bin, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", t.TempDir())
+	const limit = 20 * time.Second
+	type result struct {
+		kind   string
+		took   time.Duration
+		status string
+		err    error
+	}
+	results := make(chan result, 40)
+	var wg, connected sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		connected.Add(1)
+		go func() {
+			defer wg.Done()
+			sent := sync.OnceFunc(connected.Done)
+			if i < 30 {
+				took, status, err := slowClient(p.ready.API, "POST /v1/allow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n", `{"rule":"default","key":"slow"}`, limit, sent)
+				results <- result{"body", took, status, err}
+				return
+			}
+			took, status, err := slowClient(p.ready.API, "GET /healthz HTTP/1.1\r\nHost: x\r\n", "X-Slow: abcdefghijklmnopqrstuvwxyz\r\n", limit, sent)
+			results <- result{"header", took, status, err}
+		}()
+	}
+	// The slow clients are connected and trickling; decisions go on.
+	connected.Wait()
+	client := &http.Client{Timeout: 5 * time.Second}
+	var slowest time.Duration
+	for i := range 20 {
+		start := time.Now()
+		resp, err := client.Post(p.url("/v1/allow"), "application/json", strings.NewReader(fmt.Sprintf(`{"rule":"default","key":"n%d"}`, i)))
+		if err != nil {
+			t.Fatalf("decision %d among slow clients: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("decision %d among slow clients: %d", i, resp.StatusCode)
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	if slowest > time.Second {
+		t.Errorf("slowest of 20 decisions among slow clients took %v", slowest)
+	}
+	// Headers over max_header_bytes (32 KiB by default) are refused.
+	req, _ := http.NewRequest(http.MethodGet, p.url("/healthz"), nil)
+	req.Header.Set("X-Big", strings.Repeat("a", 40<<10))
+	if resp, err := client.Do(req); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("40 KiB of headers: %v %v, want 431", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+
+	wg.Wait()
+	close(results)
+	var took []time.Duration
+	worst := map[string]time.Duration{}
+	answered := 0
+	for r := range results {
+		if r.err != nil {
+			t.Errorf("slow %s client: %v", r.kind, r.err)
+			continue
+		}
+		// A slow body gets 408 — or nothing, when the client's next byte
+		// arrives after the server closed and the reset discards the
+		// answer. It is never decided on.
+		switch {
+		case r.kind == "body" && strings.Contains(r.status, "408"):
+			answered++
+		case r.status != "":
+			t.Errorf("slow %s client answered %q, want 408 or nothing", r.kind, r.status)
+		}
+		took = append(took, r.took)
+		worst[r.kind] = max(worst[r.kind], r.took)
+	}
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	if len(took) == 40 {
+		t.Logf("40 slow clients cut off after %v to %v (worst: body %v, header %v; %d of 30 slow bodies read their 408); 20 decisions meanwhile, slowest %v",
+			took[0].Round(time.Millisecond), took[39].Round(time.Millisecond), worst["body"].Round(time.Millisecond), worst["header"].Round(time.Millisecond), answered, slowest.Round(time.Millisecond))
+	}
+}
+
+// TestServeIdleAndConnectionCap: with node.http idle_timeout 1s and
+// max_conns 200, 200 idle keep-alive connections are closed by the server
+// after about a second; a 201st client waits for a free slot instead of
+// being served past the cap, and is served once one frees.
+func TestServeIdleAndConnectionCap(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "ratemesh.yaml")
+	if err := os.WriteFile(cfgPath, []byte("node:\n  http: {idle_timeout: 1s, max_conns: 200}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startServe(t, bin, "--config", cfgPath, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", filepath.Join(dir, "d"))
+
+	const idle = 200
+	closedAt := make(chan time.Duration, idle)
+	var opened sync.WaitGroup
+	start := time.Now()
+	for range idle {
+		opened.Add(1)
+		go func() {
+			c, err := net.Dial("tcp", p.ready.API)
+			if err != nil {
+				opened.Done()
+				t.Errorf("dial: %v", err)
+				return
+			}
+			defer c.Close()
+			// One request, answered, and the connection kept alive.
+			_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+			r := bufio.NewReader(c)
+			resp, err := http.ReadResponse(r, nil)
+			if err != nil {
+				opened.Done()
+				t.Errorf("healthz: %v", err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			opened.Done()
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			_, err = r.ReadByte() // blocks until the server closes the idle connection
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Errorf("an idle connection still open after 20 s")
+				return
+			}
+			closedAt <- time.Since(start)
+		}()
+	}
+	opened.Wait()
+	// All 200 slots are held by idle connections: the next client waits
+	// until the server closes one (idle_timeout) before it is served.
+	held := time.Now()
+	client := &http.Client{Timeout: 20 * time.Second}
+	resp, err := client.Post(p.url("/v1/allow"), "application/json", strings.NewReader(`{"rule":"default","key":"k"}`))
+	if err != nil {
+		t.Fatalf("a client past max_conns: %v", err)
+	}
+	resp.Body.Close()
+	waited := time.Since(held)
+	if resp.StatusCode != 200 || waited < 500*time.Millisecond {
+		t.Errorf("a client past max_conns: %d after %v; want 200 once an idle connection closed (idle_timeout 1s)", resp.StatusCode, waited)
+	}
+	var last time.Duration
+	for range idle {
+		select {
+		case d := <-closedAt:
+			last = max(last, d)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("idle connections still open 20 s later")
+		}
+	}
+	t.Logf("%d idle keep-alive connections closed by the server within %v of opening; a client past max_conns waited %v", idle, last.Round(time.Millisecond), waited.Round(time.Millisecond))
+	for i := range 20 {
+		var ar httpapi.AllowResponse
+		if status, err := p.post("/v1/allow", fmt.Sprintf(`{"rule":"default","key":"n%d"}`, i), &ar); err != nil || status != 200 {
+			t.Fatalf("decision %d after the idle connections: %d %v", i, status, err)
+		}
+	}
+}
