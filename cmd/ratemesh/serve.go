@@ -110,12 +110,36 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	if err := serve(ctx, cfg, *cfgPath, hup, stdout, log); err != nil {
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, *cfgPath, hup, stdout, log) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		// Shutting down: a second signal kills at once, and the shutdown
+		// has shutdownBudget whatever the disk or the peers do.
+		stop()
+		select {
+		case err = <-done:
+		case <-time.After(shutdownBudget):
+			log.Error("shutdown did not finish in time; exiting without it", "budget", shutdownBudget, "data_dir", cfg.Node.DataDir)
+			return 1
+		}
+	}
+	if err != nil {
 		log.Error("serve", "err", err)
 		return 1
 	}
 	return 0
 }
+
+// Shutdown bounds. Close takes at most LeaveTimeout (2 s) + StoreTimeout
+// (2 s) plus the transport's close; with the HTTP drain that stays well
+// within shutdownBudget, the backstop.
+const (
+	httpDrain      = 2 * time.Second // in-flight requests finish, then connections are closed
+	shutdownBudget = 9 * time.Second // from the signal to the exit, whatever happens
+)
 
 // serve runs a node until ctx ends, reloading the rules from cfgPath on
 // every value from hup.
@@ -146,7 +170,7 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 	if err != nil {
 		return err
 	}
-	store, err := persistence.Open(cfg.Node.DataDir)
+	store, err := persistence.Open(cfg.Node.DataDir, persistence.WithLogger(log))
 	if err != nil {
 		_ = m.Close()
 		return fmt.Errorf("node.data_dir: %w", err)
@@ -176,9 +200,11 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 	shutdownHTTP := func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), httpDrain)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		if srv.Shutdown(sctx) != nil {
+			_ = srv.Close() // requests still running (a long /v1/wait) are cut
+		}
 	}
 
 	log.Info("starting", "peer_id", m.PeerID(), "listen", cfg.Node.Listen, "bootstrap", cfg.Node.Bootstrap, "api", ln.Addr().String(), "rules", len(cfg.Rules))
@@ -240,6 +266,11 @@ loop:
 	wg.Wait()
 	shutdownHTTP()
 	if err := n.Close(); err != nil {
+		if errors.Is(err, node.ErrPersist) {
+			// What the member admitted since its last good flush is not on
+			// disk: say so, and where, and exit non-zero.
+			return errors.Join(serveErr, fmt.Errorf("node.data_dir %s: %w", cfg.Node.DataDir, err))
+		}
 		log.Warn("close", "err", err)
 	}
 	log.Info("stopped")

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -218,6 +219,32 @@ func TestServeCutsSlowClients(t *testing.T) {
 	}
 }
 
+// metricValue returns the value of the unlabelled metric name in text, or
+// -1.
+func metricValue(text, name string) float64 {
+	for _, l := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
+}
+
+// metrics returns p's /metrics text.
+func metrics(t *testing.T, p *proc) string {
+	t.Helper()
+	resp, err := p.client.Get(p.url("/metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
 // TestServeIdleAndConnectionCap: with node.http idle_timeout 1s and
 // max_conns 200, 200 idle keep-alive connections are closed by the server
 // after about a second; a 201st client waits for a free slot instead of
@@ -295,5 +322,129 @@ func TestServeIdleAndConnectionCap(t *testing.T) {
 		if status, err := p.post("/v1/allow", fmt.Sprintf(`{"rule":"default","key":"n%d"}`, i), &ar); err != nil || status != 200 {
 			t.Fatalf("decision %d after the idle connections: %d %v", i, status, err)
 		}
+	}
+}
+
+// edgeRules: a long window (persisted: every flush has work) and a short
+// one to hold a /v1/wait open.
+const edgeRules = `
+rules:
+  - {name: long, algorithm: fixed_window, limit: 1000000, window: 1h}
+  - {name: short, algorithm: fixed_window, limit: 1, window: 20s}
+`
+
+// TestServeShutdownWithDataDirRemoved: a node whose data directory is
+// removed — before SIGTERM, or during its shutdown (while an in-flight
+// /v1/wait holds the HTTP drain) — exits within 10 s of the signal,
+// non-zero, with a message naming the data directory, and less than 1 MB
+// on stderr.
+func TestServeShutdownWithDataDirRemoved(t *testing.T) {
+	bin := buildBinary(t)
+	for _, when := range []string{"before", "during"} {
+		t.Run(when, func(t *testing.T) {
+			dir := t.TempDir()
+			cfgPath := filepath.Join(dir, "ratemesh.yaml")
+			if err := os.WriteFile(cfgPath, []byte(edgeRules), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			data := filepath.Join(dir, "data")
+			p := startServe(t, bin, "--config", cfgPath, "--api", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", data)
+			allow := func(key string) {
+				t.Helper()
+				var ar httpapi.AllowResponse
+				if status, err := p.post("/v1/allow", fmt.Sprintf(`{"rule":"long","key":%q}`, key), &ar); err != nil || status != 200 || !ar.Allowed {
+					t.Fatalf("allow: %d %v %+v", status, err, ar)
+				}
+			}
+			for i := range 50 {
+				allow(fmt.Sprintf("k%d", i))
+			}
+			var sent time.Time
+			if when == "before" {
+				if err := os.RemoveAll(data); err != nil {
+					t.Fatal(err)
+				}
+				// The node runs on without its directory for a few flushes.
+				waitFor(t, 10*time.Second, "flushes fail", func() (bool, string) {
+					allow("after-removal")
+					n := metricValue(metrics(t, p), "ratemesh_persistence_errors_total")
+					return n >= 3, fmt.Sprintf("%v persistence errors", n)
+				})
+				sent = time.Now()
+				if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				// A /v1/wait that waits through the shutdown's HTTP drain:
+				// the short rule's one credit is spent in a window with at
+				// least 8 s left, so the next is 8 to 20 s away.
+				var ar httpapi.AllowResponse
+				waitFor(t, 25*time.Second, "a short window with 8 s left", func() (bool, string) {
+					status, err := p.post("/v1/allow", `{"rule":"short","key":"w","cost":0}`, &ar)
+					return err == nil && status == 200 && ar.ResetAfterMs >= 8000, fmt.Sprintf("%d %v %+v", status, err, ar)
+				})
+				if status, err := p.post("/v1/allow", `{"rule":"short","key":"w"}`, &ar); err != nil || status != 200 || !ar.Allowed {
+					t.Fatalf("allow short: %d %v %+v", status, err, ar)
+				}
+				waiting := make(chan struct{})
+				go func() {
+					defer close(waiting)
+					var wr httpapi.AllowResponse
+					_, _ = p.post("/v1/wait", `{"rule":"short","key":"w","max_wait_ms":25000}`, &wr)
+				}()
+				defer func() { <-waiting }()
+				// The waiting request's first denial counts as an attempt.
+				waitFor(t, 5*time.Second, "the wait is in flight", func() (bool, string) {
+					var u httpapi.UsageResponse
+					status, err := p.get("/v1/usage?rule=short&key=w", &u)
+					attempted := uint64(0)
+					for _, s := range u.Slots {
+						attempted += s.Attempted
+					}
+					return err == nil && status == 200 && attempted >= 2, fmt.Sprintf("%d %v %+v", status, err, u)
+				})
+				allow("before-signal")
+				sent = time.Now()
+				if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, 5*time.Second, "the shutdown begins", func() (bool, string) {
+					return strings.Contains(p.stderr.String(), "signal received"), ""
+				})
+				if err := os.RemoveAll(data); err != nil {
+					t.Fatal(err)
+				}
+				removed := time.Since(sent)
+				select {
+				case <-p.done:
+					t.Fatalf("serve exited before the removal (%v after the signal): not during its shutdown", removed)
+				default:
+				}
+				t.Logf("data directory removed %v after the signal, the node still shutting down", removed.Round(time.Millisecond))
+			}
+			var exit error
+			select {
+			case exit = <-p.done:
+				p.done <- exit // for the cleanup
+			case <-time.After(15 * time.Second):
+				t.Fatalf("still running 15 s after SIGTERM")
+			}
+			took := time.Since(sent)
+			stderr := p.stderr.String()
+			code := p.cmd.ProcessState.ExitCode()
+			t.Logf("exit %d %v after SIGTERM, %d bytes of stderr", code, took.Round(time.Millisecond), len(stderr))
+			if testing.Verbose() {
+				t.Logf("stderr:\n%s", stderr)
+			}
+			if took > 10*time.Second {
+				t.Errorf("exit %v after SIGTERM, over 10 s", took)
+			}
+			if len(stderr) >= 1<<20 {
+				t.Errorf("%d bytes of stderr, over 1 MB", len(stderr))
+			}
+			if code != 1 || !strings.Contains(stderr, "node.data_dir "+data) || !strings.Contains(stderr, "persistence failed") {
+				t.Errorf("exit %d; want 1 with a message naming the data directory %s; stderr:\n%s", code, data, stderr)
+			}
+		})
 	}
 }
