@@ -89,7 +89,34 @@ type Node struct {
 	FlushInterval time.Duration
 	// PersistMinWindow: windows at least this long survive restarts.
 	PersistMinWindow time.Duration
+	// HTTP bounds the API server (node.http).
+	HTTP HTTP
 }
+
+// HTTP is the node.http section: the API server's timeouts and caps, so
+// that slow, idle or too many clients cannot hold it.
+type HTTP struct {
+	// ReadTimeout bounds reading one request, headers and body; a client
+	// that sends slower is cut off.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds answering a request once it is read; /v1/wait
+	// adds its own wait (max_wait_ms, at most 30 s) on top.
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection idle this long.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes caps the request line and headers (431 beyond).
+	MaxHeaderBytes int
+	// MaxConns bounds the connections open at once; further ones wait
+	// to be accepted until one closes.
+	MaxConns int
+}
+
+// Bounds of node.http's sizes.
+const (
+	minHeaderBytes = 1 << 10
+	maxHeaderBytes = 1 << 20 // net/http's own default
+	maxConns       = 1 << 20
+)
 
 // Mesh is the mesh section: gossip timing and membership.
 type Mesh struct {
@@ -144,6 +171,13 @@ func Default() Config {
 			JoinTimeout:      cc.JoinTimeout,
 			FlushInterval:    time.Second, // at most a second of long-window counts lost to a crash
 			PersistMinWindow: time.Minute, // shorter windows are over before a restart completes
+			HTTP: HTTP{
+				ReadTimeout:    10 * time.Second, // a decision request is a few hundred bytes: 10 s is generous, and cuts slow-loris clients
+				WriteTimeout:   10 * time.Second, // answers are small; a client that does not read them is let go
+				IdleTimeout:    60 * time.Second, // keep-alive pools reuse connections well within a minute
+				MaxHeaderBytes: 32 << 10,         // ample for any real header set, like common proxies' limits
+				MaxConns:       1024,             // many clients, well below the file limit
+			},
 		},
 		Mesh: Mesh{
 			Namespace:       "default",
@@ -346,6 +380,8 @@ func (c *Config) validateSections() []error {
 	}{
 		{"node.join_timeout", n.JoinTimeout}, {"node.flush_interval", n.FlushInterval},
 		{"node.persist_min_window", n.PersistMinWindow},
+		{"node.http.read_timeout", n.HTTP.ReadTimeout}, {"node.http.write_timeout", n.HTTP.WriteTimeout},
+		{"node.http.idle_timeout", n.HTTP.IdleTimeout},
 		{"mesh.sync_interval", m.SyncInterval}, {"mesh.heartbeat", m.Heartbeat},
 		{"mesh.repair_interval", m.RepairInterval}, {"mesh.suspect_after", m.SuspectAfter},
 		{"mesh.dead_after", m.DeadAfter}, {"mesh.evict_after", m.EvictAfter},
@@ -355,6 +391,12 @@ func (c *Config) validateSections() []error {
 		if p.d <= 0 {
 			bad(p.name, "must be positive, got %v", p.d)
 		}
+	}
+	switch h := n.HTTP; {
+	case h.MaxHeaderBytes < minHeaderBytes || h.MaxHeaderBytes > maxHeaderBytes:
+		bad("node.http.max_header_bytes", "%d, must be within %d and %d", h.MaxHeaderBytes, minHeaderBytes, maxHeaderBytes)
+	case h.MaxConns < 1 || h.MaxConns > maxConns:
+		bad("node.http.max_conns", "%d, must be within 1 and %d", h.MaxConns, maxConns)
 	}
 	if len(errs) > 0 {
 		return errs

@@ -99,6 +99,31 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+// TestHTTPSection: node.http's defaults, and every field as written.
+func TestHTTPSection(t *testing.T) {
+	def := config.Default().Node.HTTP
+	want := config.HTTP{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 32 << 10, MaxConns: 1024}
+	if def != want {
+		t.Fatalf("defaults %+v, want %+v", def, want)
+	}
+	cfg, err := config.Parse([]byte("node:\n  http: {idle_timeout: 2s}\n"))
+	if err != nil || cfg.Node.HTTP.IdleTimeout != 2*time.Second || cfg.Node.HTTP.ReadTimeout != def.ReadTimeout || cfg.Node.HTTP.MaxConns != def.MaxConns {
+		t.Fatalf("one field: %+v %v", cfg, err)
+	}
+	cfg, err = config.Parse([]byte(`node:
+  http:
+    read_timeout: 3s
+    write_timeout: 4s
+    idle_timeout: 5s
+    max_header_bytes: 2048
+    max_conns: 7
+`))
+	want = config.HTTP{ReadTimeout: 3 * time.Second, WriteTimeout: 4 * time.Second, IdleTimeout: 5 * time.Second, MaxHeaderBytes: 2048, MaxConns: 7}
+	if err != nil || cfg.Node.HTTP != want {
+		t.Fatalf("every field: %+v %v, want %+v", cfg.Node.HTTP, err, want)
+	}
+}
+
 func TestBadFiles(t *testing.T) {
 	rule := func(extra string) string {
 		return "rules:\n  - name: a\n    algorithm: fixed_window\n    limit: 10\n    window: 1s\n  - name: publish\n    algorithm: sliding_window\n    limit: 10\n    window: 1s\n" + extra
@@ -145,6 +170,14 @@ func TestBadFiles(t *testing.T) {
 		{"yaml", "node: [\n", "yaml: line", false},
 		{"not a mapping", "- a\n- b\n", "yaml: line 1: the file must be a mapping", false},
 		{"duplicate key", "node: {api: a, api: b}\n", "node.api: line 1: defined twice", false},
+		{"http unknown field", "node: {http: {read: 1s}}\n", "node.http.read: line 1: unknown field", false},
+		{"http not a mapping", "node: {http: 5}\n", "node.http: line 1: must be a mapping", false},
+		{"http zero timeout", "node: {http: {idle_timeout: 0s}}\n", "node.http.idle_timeout: must be positive", false},
+		{"http timeout not a duration", "node: {http: {read_timeout: 10}}\n", "node.http.read_timeout: line 1: must be a duration", false},
+		{"http small header cap", "node: {http: {max_header_bytes: 100}}\n", "node.http.max_header_bytes: 100, must be within 1024 and 1048576", false},
+		{"http zero conns", "node: {http: {max_conns: 0}}\n", "node.http.max_conns: 0, must be within 1 and 1048576", false},
+		{"http conns word", "node: {http: {max_conns: many}}\n", "node.http.max_conns: line 1: must be a whole number", false},
+		{"http negative conns", "node: {http: {max_conns: -1}}\n", "node.http.max_conns: line 1: must not be negative", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

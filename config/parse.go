@@ -75,6 +75,16 @@ func parse(data []byte) (*document, error) {
 				"join_timeout":       duration(&n.JoinTimeout),
 				"flush_interval":     duration(&n.FlushInterval),
 				"persist_min_window": duration(&n.PersistMinWindow),
+				"http": func(v *yaml.Node, path string) error {
+					h := &n.HTTP
+					return firstErr(walk(v, path, fields{
+						"read_timeout":     duration(&h.ReadTimeout),
+						"write_timeout":    duration(&h.WriteTimeout),
+						"idle_timeout":     duration(&h.IdleTimeout),
+						"max_header_bytes": integer(&h.MaxHeaderBytes),
+						"max_conns":        integer(&h.MaxConns),
+					}))
+				},
 			}))
 		},
 		"mesh": func(v *yaml.Node, path string) error {
@@ -404,6 +414,21 @@ func uinteger(dst *uint64) func(*yaml.Node, string) error {
 			return invalid(path, "line %d: %s is not a whole number within 0 and 2^64−1", v.Line, v.Value)
 		}
 		*dst = u
+		return nil
+	}
+}
+
+// integer reads a whole number into an int; the caller checks its range.
+func integer(dst *int) func(*yaml.Node, string) error {
+	return func(v *yaml.Node, path string) error {
+		var u uint64
+		if err := uinteger(&u)(v, path); err != nil {
+			return err
+		}
+		if u > math.MaxInt32 {
+			return invalid(path, "line %d: %d is too large", v.Line, u)
+		}
+		*dst = int(u)
 		return nil
 	}
 }

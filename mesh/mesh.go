@@ -163,7 +163,9 @@ func New(cfg Config) (*Mesh, error) {
 		libp2p.Security(noise.ID, noise.New),
 		libp2p.Security(libp2ptls.ID, libp2ptls.New),
 		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
-		libp2p.Transport(tcp.NewTCPTransport),
+		// No SO_REUSEPORT: with it a second process binds a port this
+		// one holds and advertises the same address (see listen).
+		libp2p.Transport(tcp.NewTCPTransport, tcp.DisableReuseport()),
 		libp2p.ConnectionGater(m.gater),
 		libp2p.BandwidthReporter(m.wire),
 		libp2p.WithDialTimeout(cfg.DialTimeout),
@@ -176,14 +178,14 @@ func New(cfg Config) (*Mesh, error) {
 	} else {
 		opts = append(opts, libp2p.Transport(quic.NewTransport))
 	}
-	if len(cfg.Listen) > 0 {
-		opts = append(opts, libp2p.ListenAddrStrings(cfg.Listen...))
-	} else {
-		opts = append(opts, libp2p.NoListenAddrs)
-	}
+	opts = append(opts, libp2p.NoListenAddrs) // listen binds cfg.Listen below, every one or none
 	m.h, err = libp2p.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: start host: %w", err)
+	}
+	if err := listen(m.h, cfg.Listen); err != nil {
+		_ = m.h.Close()
+		return nil, err
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if len(cfg.PSK) == 0 && !allLoopback(cfg.Listen) {

@@ -52,6 +52,11 @@ type Config struct {
 	Clock func() time.Time
 	// LeaveTimeout bounds how long Close spends publishing the leave.
 	LeaveTimeout time.Duration
+	// StoreTimeout bounds how long Close waits for the Store: for a
+	// periodic flush under way, the last flush and the store's close
+	// together. A call still running then is abandoned and Close returns
+	// an error wrapping ErrPersist. 0 means 2 s.
+	StoreTimeout time.Duration
 	// StartJoining makes Start return as soon as the transport is up,
 	// without waiting for the join: until it is ready the node answers
 	// every decision with a denial of reason ReasonJoining whose
@@ -73,6 +78,7 @@ func DefaultConfig() Config {
 		LeaveTimeout:     2 * time.Second,         // a leave that cannot go out in 2 s is not worth waiting for: peers notice the silence
 		FlushInterval:    defaultFlushInterval,    // a SIGKILL loses at most 1 s of own usage; one synced batch a second is cheap
 		PersistMinWindow: defaultPersistMinWindow, // shorter windows end before a restart matters
+		StoreTimeout:     defaultStoreTimeout,     // a synced batch takes milliseconds; a store silent for 2 s will not answer
 	}
 }
 
@@ -93,6 +99,8 @@ func (c *Config) validate() error {
 		return bad("flush_interval", fmt.Sprintf("must not be negative, got %v", c.FlushInterval))
 	case c.PersistMinWindow < 0:
 		return bad("persist_min_window", fmt.Sprintf("must not be negative, got %v", c.PersistMinWindow))
+	case c.StoreTimeout < 0:
+		return bad("store_timeout", fmt.Sprintf("must not be negative, got %v", c.StoreTimeout))
 	}
 	return nil
 }
@@ -516,8 +524,11 @@ func (n *Node) tick() time.Duration {
 
 // Close leaves the mesh gracefully: it stops the run loop, publishes the
 // member's pending changes with the leave announcement (the others drop it
-// from N at once), then closes the transport and the store. It is
-// idempotent: later calls return what the first returned.
+// from N at once), then closes the transport, writes the last flush and
+// closes the store. It returns within about LeaveTimeout + StoreTimeout
+// (plus the transport's close) whatever the disk does; an error about the
+// store wraps ErrPersist. It is idempotent: later calls return what the
+// first returned.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() { n.closeErr = n.shutdown(true) })
 	return n.closeErr
@@ -526,7 +537,6 @@ func (n *Node) Close() error {
 func (n *Node) shutdown(closeStore bool) error {
 	close(n.quit)
 	<-n.loopDone
-	<-n.persist.done
 	n.mu.Lock()
 	bs := n.core.Leave(n.readClock())
 	n.closed = true
@@ -546,14 +556,7 @@ func (n *Node) shutdown(closeStore bool) error {
 	if err := n.cfg.Transport.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("node: close transport: %w", err))
 	}
-	if err := n.flush(context.Background()); err != nil {
-		errs = append(errs, err)
-	}
-	if closeStore {
-		if err := n.cfg.Store.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("node: close store: %w", err))
-		}
-	}
+	errs = append(errs, n.closeStore(closeStore)...)
 	n.log.Info("left")
 	return errors.Join(errs...)
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -12,7 +13,18 @@ import (
 const (
 	defaultFlushInterval    = time.Second
 	defaultPersistMinWindow = time.Minute
+	defaultStoreTimeout     = 2 * time.Second
 )
+
+// ErrorLogInterval is the least time between two log lines about failing
+// flushes: a disk that fails keeps failing. Each line counts the failures
+// since the last.
+const ErrorLogInterval = 10 * time.Second
+
+// ErrPersist wraps Close's error when the last flush or the store's close
+// failed, or did not finish within Config.StoreTimeout: what the member
+// admitted since its last good flush is not on disk.
+var ErrPersist = errors.New("node: persistence failed")
 
 func (c *Config) fillPersistDefaults() {
 	if c.FlushInterval == 0 {
@@ -20,6 +32,9 @@ func (c *Config) fillPersistDefaults() {
 	}
 	if c.PersistMinWindow == 0 {
 		c.PersistMinWindow = defaultPersistMinWindow
+	}
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = defaultStoreTimeout
 	}
 }
 
@@ -33,8 +48,13 @@ type persistence struct {
 	p       *Persister // guarded by Node.mu
 	storeMu sync.Mutex // serialises Store calls: the flush loop, the run loop's incarnation saves, Close
 	done    chan struct{}
-	failing bool        // the last flush failed; guarded by storeMu
 	peers   []KnownPeer // the members last saved; persistLoop's own
+
+	// Owned by persistLoop: failing flushes in a row, and when one was
+	// last logged.
+	failures int
+	logged   time.Time
+	held     int // failures not logged since
 }
 
 // restore loads the saved windows and leases into core before the member
@@ -59,7 +79,8 @@ func restore(ctx context.Context, cfg *Config, core *Core) (*persistence, error)
 }
 
 // persistLoop flushes every FlushInterval until the node closes; Close
-// writes the last flush itself.
+// writes the last flush itself. Its flushes are not cancelled by Close,
+// which waits for the one under way (within StoreTimeout).
 func (n *Node) persistLoop() {
 	defer close(n.persist.done)
 	t := time.NewTicker(n.cfg.FlushInterval)
@@ -69,15 +90,38 @@ func (n *Node) persistLoop() {
 		case <-n.quit:
 			return
 		case <-t.C:
-			_ = n.flush(n.ctx)
+			n.reportFlush(n.flush(context.Background()), time.Now())
 			n.savePeers(n.ctx)
 		}
 	}
 }
 
+// reportFlush logs a periodic flush's outcome: a failure at once, then at
+// most one line per ErrorLogInterval while flushes keep failing, with the
+// count; the first success after failures says so. A failure is also
+// counted (Stats.PersistErrors); the node keeps serving from memory, and
+// the next flush writes everything again.
+func (n *Node) reportFlush(err error, now time.Time) {
+	p := n.persist
+	if err == nil {
+		if p.failures > 0 {
+			n.log.Info("persist: flush succeeded again", "failed_flushes", p.failures)
+		}
+		p.failures, p.held, p.logged = 0, 0, time.Time{}
+		return
+	}
+	p.failures++
+	if !p.logged.IsZero() && now.Sub(p.logged) < ErrorLogInterval {
+		p.held++
+		return
+	}
+	n.log.Error("persist: flush failed; serving from memory, retrying every flush_interval", "err", err,
+		"failed_flushes", p.failures, "not_logged", p.held)
+	p.logged, p.held = now, 0
+}
+
 // flush exports what changed under the node's mutex and writes it outside
-// it. A write error is logged and counted (Stats.PersistErrors); the node
-// keeps serving from memory, and the next flush writes everything again.
+// it, and returns the Store's error naming what was not written.
 func (n *Node) flush(ctx context.Context) error {
 	n.mu.Lock()
 	f := n.persist.p.Export(n.readClock())
@@ -85,21 +129,65 @@ func (n *Node) flush(ctx context.Context) error {
 
 	n.persist.storeMu.Lock()
 	err := n.cfg.Store.Flush(ctx, f)
-	failing := n.persist.failing
-	n.persist.failing = err != nil
 	n.persist.storeMu.Unlock()
 
 	n.mu.Lock()
 	n.persist.p.Done(&f, err)
 	n.mu.Unlock()
-	switch {
-	case err != nil:
-		n.log.Error("persist: flush failed; serving from memory, retrying next flush", "records", len(f.Windows), "leases", len(f.Leases), "err", err)
-		return fmt.Errorf("node: flush: %w", err)
-	case failing:
-		n.log.Info("persist: flush succeeded again")
+	if err != nil {
+		return fmt.Errorf("flush of %d window records and %d leases: %w", len(f.Windows), len(f.Leases), err)
 	}
 	return nil
+}
+
+// closeStore writes the last flush and, with closeStore, closes the
+// store, all within StoreTimeout: a disk that no longer answers (a data
+// directory removed under pebble, say) cannot hold Close. A call that
+// does not return in time is left behind in its goroutine. Every error
+// wraps ErrPersist.
+func (n *Node) closeStore(closeStore bool) []error {
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.StoreTimeout)
+	defer cancel()
+	late := func(what string) error {
+		return fmt.Errorf("%w: %s did not finish within %v (store_timeout)", ErrPersist, what, n.cfg.StoreTimeout)
+	}
+	// The flush loop may be inside a flush; the last one waits for it.
+	select {
+	case <-n.persist.done:
+	case <-ctx.Done():
+		return []error{late("a periodic flush")}
+	}
+	var errs []error
+	switch err := within(ctx, func() error { return n.flush(ctx) }); {
+	case errors.Is(err, errLate):
+		errs = append(errs, late("the last flush"))
+	case err != nil:
+		errs = append(errs, fmt.Errorf("%w: last %w", ErrPersist, err))
+	}
+	if closeStore {
+		switch err := within(ctx, n.cfg.Store.Close); {
+		case errors.Is(err, errLate):
+			errs = append(errs, late("closing the store"))
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%w: node: close store: %w", ErrPersist, err))
+		}
+	}
+	return errs
+}
+
+var errLate = errors.New("node: deadline passed")
+
+// within runs f in a goroutine of its own and returns its error, or
+// errLate once ctx ends first (f then goes on, unwaited for).
+func within(ctx context.Context, f func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return errLate
+	}
 }
 
 // saveIncarnation persists a new incarnation taken while running.

@@ -1,10 +1,13 @@
 package node_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,6 +68,146 @@ func TestFlushErrorsAreCountedAndServingGoesOn(t *testing.T) {
 	}
 }
 
+// TestRepeatedFlushFailuresAreLoggedOnce: flushes that keep failing are
+// logged once per node.ErrorLogInterval, not once each; the first success
+// after them says how many failed.
+func TestRepeatedFlushFailuresAreLoggedOnce(t *testing.T) {
+	store := &flakyStore{MemoryStore: &node.MemoryStore{}}
+	store.broken.Store(true)
+	var log lockedLog
+	cfg := rtConfig(memnet.NewHub(), "a", fixedRule("api", 1000, time.Hour))
+	cfg.Store, cfg.FlushInterval, cfg.Clock = store, 5*time.Millisecond, midHour()
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	n := rtStart(t, cfg)
+	ctx := context.Background()
+	rtEventually(t, 10*time.Second, func() (bool, string) {
+		// Every flush has something to write: a decision in between.
+		if _, err := n.Allow(ctx, "api", "k"); err != nil {
+			return false, err.Error()
+		}
+		return n.Stats().PersistErrors >= 50, fmt.Sprintf("PersistErrors %d", n.Stats().PersistErrors)
+	})
+	store.broken.Store(false)
+	rtEventually(t, 5*time.Second, func() (bool, string) {
+		return strings.Contains(log.String(), "flush succeeded again"), log.String()
+	})
+	failed := strings.Count(log.String(), "persist: flush failed")
+	if failed != 1 || !strings.Contains(log.String(), "no space left on device") {
+		t.Fatalf("%d failed flushes logged in %d lines, want 1 naming the error:\n%s", n.Stats().PersistErrors, failed, log.String())
+	}
+	if !strings.Contains(log.String(), fmt.Sprintf("failed_flushes=%d", n.Stats().PersistErrors)) {
+		t.Fatalf("the recovery line does not count %d failed flushes:\n%s", n.Stats().PersistErrors, log.String())
+	}
+}
+
+// lockedLog is a log destination safe for the node's goroutines.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// hangStore never returns from the calls named in hang, like a disk that
+// no longer answers, until the test ends.
+type hangStore struct {
+	*node.MemoryStore
+	hangFlush, hangClose atomic.Bool
+	hanging              atomic.Int64 // Flush calls that hang
+	release              chan struct{}
+}
+
+func (s *hangStore) Flush(ctx context.Context, f node.Flush) error {
+	if s.hangFlush.Load() {
+		s.hanging.Add(1)
+		<-s.release
+		return errors.New("released")
+	}
+	return s.MemoryStore.Flush(ctx, f)
+}
+
+func (s *hangStore) Close() error {
+	if s.hangClose.Load() {
+		<-s.release
+	}
+	return nil
+}
+
+// TestCloseIsBoundedWhenTheStoreHangs: Close returns within StoreTimeout
+// whatever the store does — a periodic flush that never returns, a last
+// flush that never returns, a close that never returns — with an error
+// wrapping ErrPersist that says which; a last flush that fails is
+// reported the same way.
+func TestCloseIsBoundedWhenTheStoreHangs(t *testing.T) {
+	const storeTimeout = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		periodic bool // the periodic flush hangs (short FlushInterval)
+		flush    bool
+		close    bool
+		fail     bool
+		want     string
+	}{
+		{name: "periodic flush hangs", periodic: true, flush: true, want: "a periodic flush did not finish within 300ms (store_timeout)"},
+		{name: "last flush hangs", flush: true, want: "the last flush did not finish within 300ms"},
+		{name: "close hangs", close: true, want: "closing the store did not finish within 300ms"},
+		{name: "last flush fails", fail: true, want: "node: persistence failed: last flush of 1 window records and 0 leases: write /data/000042.log: no space left on device"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs := &hangStore{MemoryStore: &node.MemoryStore{}, release: make(chan struct{})}
+			t.Cleanup(func() { close(hs.release) })
+			fs := &flakyStore{MemoryStore: &node.MemoryStore{}}
+			cfg := rtConfig(memnet.NewHub(), "a", fixedRule("api", 1000, time.Hour))
+			cfg.Store, cfg.FlushInterval, cfg.Clock, cfg.StoreTimeout = hs, time.Hour, midHour(), storeTimeout
+			if tc.periodic {
+				cfg.FlushInterval = 5 * time.Millisecond
+			}
+			if tc.fail {
+				cfg.Store = fs
+			}
+			n := rtStart(t, cfg)
+			if _, err := n.Allow(context.Background(), "api", "k"); err != nil {
+				t.Fatal(err)
+			}
+			hs.hangFlush.Store(tc.flush)
+			hs.hangClose.Store(tc.close)
+			fs.broken.Store(tc.fail)
+			if tc.periodic {
+				// Wait until a periodic flush is stuck: one more decision to
+				// write, and a flush that takes it and never comes back.
+				if _, err := n.Allow(context.Background(), "api", "k"); err != nil {
+					t.Fatal(err)
+				}
+				rtEventually(t, 5*time.Second, func() (bool, string) {
+					return hs.hanging.Load() == 1, fmt.Sprintf("%d flushes hang", hs.hanging.Load())
+				})
+			}
+			start := time.Now()
+			err := n.Close()
+			took := time.Since(start)
+			if !errors.Is(err, node.ErrPersist) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Close: %v; want ErrPersist saying %q", err, tc.want)
+			}
+			// The leave goes out at once over memnet: Close takes the store
+			// deadline and little else.
+			if took > storeTimeout+time.Second {
+				t.Fatalf("Close took %v, over store_timeout %v + 1 s", took, storeTimeout)
+			}
+			t.Logf("Close took %v: %v", took, err)
+		})
+	}
+}
+
 func TestGracefulRestartKeepsLongWindowsAndLeases(t *testing.T) {
 	store := &flakyStore{MemoryStore: &node.MemoryStore{}}
 	hub := memnet.NewHub()
@@ -118,12 +261,15 @@ func TestGracefulRestartKeepsLongWindowsAndLeases(t *testing.T) {
 }
 
 func TestStartRefusesNegativePersistSettings(t *testing.T) {
-	for _, field := range []string{"flush_interval", "persist_min_window"} {
+	for _, field := range []string{"flush_interval", "persist_min_window", "store_timeout"} {
 		cfg := rtConfig(memnet.NewHub(), "a", fixedRule("api", 10, time.Hour))
-		if field == "flush_interval" {
+		switch field {
+		case "flush_interval":
 			cfg.FlushInterval = -time.Second
-		} else {
+		case "persist_min_window":
 			cfg.PersistMinWindow = -time.Second
+		default:
+			cfg.StoreTimeout = -time.Second
 		}
 		n, err := node.Start(context.Background(), cfg)
 		if err == nil {

@@ -3,7 +3,7 @@
 //
 // The runtime drives it like this:
 //
-//	st, err := persistence.Open(dataDir) // fails fast: locked, corrupt, unreadable
+//	st, err := persistence.Open(dataDir, persistence.WithLogger(log)) // fails fast: locked, corrupt, unreadable
 //	key, err := st.LoadIdentity(ctx)     // nil on a fresh directory
 //	if key == nil {
 //		priv, _, _ := crypto.GenerateEd25519Key(rand.Reader)
@@ -74,4 +74,13 @@
 // memory with every decision unchanged; the next flush writes everything
 // again (values merge by max on disk, so rewriting is harmless). Until a
 // flush succeeds, a crash loses what the failing flushes did not write.
+//
+// A data directory removed or replaced while the store is open fails every
+// write with ErrGone (pebble would go on writing into unlinked files), and
+// Close abandons such a store instead of closing it. pebble's own error
+// lines (it retries a failed memtable flush in a tight loop) are logged at
+// most once per ErrorLogInterval, with the count held back. A condition
+// pebble treats as fatal after Open breaks the store (ErrBroken) and parks
+// the goroutine that met it rather than crash the process; node.Close
+// bounds its wait for the store (node.Config.StoreTimeout).
 package persistence

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	ds "github.com/ipfs/go-datastore"
 	"github.com/ipfs/go-datastore/query"
 	dssync "github.com/ipfs/go-datastore/sync"
@@ -37,7 +39,21 @@ var (
 	// ErrNotStore wraps a directory that holds something other than a
 	// ratemesh store.
 	ErrNotStore = errors.New("persistence: not a ratemesh store")
+	// ErrGone wraps a write (a flush, an incarnation) and Close's error
+	// when the store's directory was removed or replaced while the store
+	// was open: pebble would go on writing into files nobody can open
+	// again.
+	ErrGone = errors.New("persistence: store directory gone")
+	// ErrBroken wraps a call that met a fatal pebble error (a write pebble
+	// cannot complete, say), and every call after it: the store is no
+	// longer usable and is not touched again.
+	ErrBroken = errors.New("persistence: store broken")
 )
+
+// ErrorLogInterval is the least time between two log lines of pebble's
+// errors: a disk that fails keeps failing, and pebble retries in a loop.
+// The lines held back are counted in the next one.
+const ErrorLogInterval = 10 * time.Second
 
 // StoreDir is the directory under the data directory where pebble keeps its
 // files; the data directory may hold other files beside it.
@@ -67,13 +83,30 @@ var b64 = base64.RawURLEncoding
 // in memory (NewMemory). It is safe for concurrent use; the node runtime
 // calls it from one goroutine at a time.
 type Store struct {
-	path    string // the pebble directory, "" in memory
+	path    string      // the pebble directory, "" in memory
+	dirInfo os.FileInfo // path's directory as opened; nil in memory
 	d       ds.Batching
 	ordered bool // queries return keys in order (pebble)
+	errs    *errorLog
 
 	mu         sync.Mutex
 	minCollect int64 // no window record collects before this (MinInt64: unknown)
 	closed     bool
+	broken     error // a fatal pebble error: no call touches pebble again
+}
+
+// Option configures Open.
+type Option func(*options)
+
+type options struct {
+	log *slog.Logger
+	fs  vfs.FS // tests inject failures
+}
+
+// WithLogger sends pebble's errors to log (at error level, at most one
+// line per ErrorLogInterval) instead of standard error.
+func WithLogger(log *slog.Logger) Option {
+	return func(o *options) { o.log = log }
 }
 
 var _ node.Store = (*Store)(nil)
@@ -91,7 +124,14 @@ func NewMemory() *Store {
 // created or is not a directory, on a permission error, when another
 // running member holds the store, when the store directory holds anything
 // but a ratemesh store, and when pebble cannot read it. It never panics.
-func Open(dir string) (*Store, error) {
+func Open(dir string, opts ...Option) (*Store, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.log == nil {
+		o.log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
 	if dir == "" {
 		return nil, errors.New("persistence: open: data directory not set")
 	}
@@ -103,12 +143,19 @@ func Open(dir string) (*Store, error) {
 		return nil, err
 	}
 	var corrupt atomic.Pointer[pebble.DataCorruptionInfo]
-	d, err := openPebble(path, &corrupt)
+	errs := &errorLog{log: o.log, path: path}
+	d, err := openPebble(path, &corrupt, errs, o.fs)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{path: path, d: d, ordered: true, minCollect: math.MinInt64}
-	if err = s.checkFormat(); err == nil {
+	s := &Store{path: path, d: d, ordered: true, errs: errs, minCollect: math.MinInt64}
+	if s.dirInfo, err = os.Stat(path); err != nil {
+		err = fmt.Errorf("persistence: open %s: %w", path, err)
+	}
+	if err == nil {
+		err = s.checkFormat()
+	}
+	if err == nil {
 		err = s.verify()
 	}
 	if info := corrupt.Load(); err == nil && info != nil {
@@ -118,6 +165,7 @@ func Open(dir string) (*Store, error) {
 		_ = d.Close()
 		return nil, err
 	}
+	errs.opened.Store(true)
 	return s, nil
 }
 
@@ -162,20 +210,23 @@ func pebbleFile(name string) bool {
 }
 
 // openPebble opens pebble at path, turning a panic into an error.
-func openPebble(path string, corrupt *atomic.Pointer[pebble.DataCorruptionInfo]) (d *pebbleds.Datastore, err error) {
+func openPebble(path string, corrupt *atomic.Pointer[pebble.DataCorruptionInfo], errs *errorLog, fs vfs.FS) (d *pebbleds.Datastore, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			d, err = nil, fmt.Errorf("persistence: open %s: %w: pebble: %v", path, ErrCorrupt, r)
 		}
 	}()
-	opts := &pebble.Options{Logger: quietLogger{path}}
+	logger := quietLogger{errs}
+	opts := &pebble.Options{Logger: logger, FS: fs}
 	// A corrupt table must fail the read that meets it, not the process
-	// (pebble's default listener calls Fatalf).
+	// (pebble's default listener calls Fatalf). Background errors (a
+	// flush pebble retries in a loop) go to the logger: rate-limited.
 	opts.EventListener = &pebble.EventListener{
 		DataCorruption: func(info pebble.DataCorruptionInfo) {
 			corrupt.CompareAndSwap(nil, &info)
-			quietLogger{path}.Errorf("data corruption in %s: %v", info.Path, info.Details)
+			logger.Errorf("data corruption in %s: %v", info.Path, info.Details)
 		},
+		BackgroundError: func(err error) { logger.Errorf("background error: %v", err) },
 	}
 	d, err = pebbleds.NewDatastore(path, pebbleds.WithPebbleOpts(opts))
 	if err != nil {
@@ -193,16 +244,104 @@ func openPebble(path string, corrupt *atomic.Pointer[pebble.DataCorruptionInfo])
 }
 
 // quietLogger keeps pebble's informational chatter out of the node's
-// output; its errors and fatal conditions name the store.
-type quietLogger struct{ path string }
+// output; its errors go to the store's errorLog.
+//
+// Fatalf must not return (pebble's contract). While Open runs it panics,
+// and Open turns the panic into an error. Afterwards it breaks the store
+// and parks the calling goroutine for good: unwinding it is not an
+// option, because pebble calls Fatalf where its deferred unlocks would
+// release a mutex it has already released (a fatal, unrecoverable runtime
+// error: this is how a removed data directory crashed the process when
+// pebble needed a new WAL file). The store's calls then fail with
+// ErrBroken; node.Close bounds a call that was parked.
+type quietLogger struct{ errs *errorLog }
 
 func (quietLogger) Infof(string, ...any) {}
 func (l quietLogger) Errorf(format string, args ...any) {
 	msg, _, _ := strings.Cut(fmt.Sprintf(format, args...), "\n") // not the error's stack
-	fmt.Fprintf(os.Stderr, "persistence %s: pebble: %s\n", l.path, msg)
+	l.errs.error(msg)
 }
 func (l quietLogger) Fatalf(format string, args ...any) {
-	panic(fmt.Sprintf("persistence %s: pebble: %s", l.path, fmt.Sprintf(format, args...)))
+	msg, _, _ := strings.Cut(fmt.Sprintf(format, args...), "\n")
+	if !l.errs.opened.Load() {
+		panic(fmt.Sprintf("persistence %s: pebble: %s", l.errs.path, msg))
+	}
+	if l.errs.fatal.CompareAndSwap(nil, &msg) {
+		l.errs.log.Error("persistence: pebble: fatal: "+msg+"; the store is broken", "store", l.errs.path)
+	}
+	select {} // see quietLogger
+}
+
+// errorLog logs pebble's error lines at most once per ErrorLogInterval;
+// the next line logged carries how many were held back, and Close logs
+// the last count. It also carries pebble's fatal error, once there is
+// one. Safe for concurrent use: pebble logs from its own goroutines.
+type errorLog struct {
+	log    *slog.Logger
+	path   string
+	opened atomic.Bool            // Open succeeded: Fatalf parks instead of panicking
+	fatal  atomic.Pointer[string] // pebble's fatal error, if any
+
+	mu   sync.Mutex
+	last time.Time // when a line was last logged
+	held int       // lines held back since
+}
+
+func (e *errorLog) error(msg string) {
+	e.mu.Lock()
+	now := time.Now()
+	if !e.last.IsZero() && now.Sub(e.last) < ErrorLogInterval {
+		e.held++
+		e.mu.Unlock()
+		return
+	}
+	held := e.held
+	e.last, e.held = now, 0
+	e.mu.Unlock()
+	if held > 0 {
+		e.log.Error("persistence: pebble: "+msg, "store", e.path, "held_back", held, "every", ErrorLogInterval)
+		return
+	}
+	e.log.Error("persistence: pebble: "+msg, "store", e.path)
+}
+
+// flush logs the count of lines held back, if any.
+func (e *errorLog) flush() {
+	e.mu.Lock()
+	held := e.held
+	e.held = 0
+	e.mu.Unlock()
+	if held > 0 {
+		e.log.Error("persistence: pebble: more errors were not logged", "store", e.path, "held_back", held)
+	}
+}
+
+// guard turns a panic out of pebble (an invariant it checks) into *err
+// wrapping ErrBroken, and breaks the store: pebble may have been left
+// mid-operation, so it is not called again. Defer it under s.mu in every
+// call that writes through pebble after Open.
+func (s *Store) guard(op string, err *error) {
+	if r := recover(); r != nil {
+		s.broken = s.fail(op, fmt.Errorf("%w: pebble: %v", ErrBroken, r))
+		*err = s.broken
+	}
+}
+
+// present refuses a write when the store's directory is no longer the
+// one opened: removed (pebble would write into unlinked files, and sync
+// them, until it needs a new file and fails in a loop) or replaced.
+func (s *Store) present() error {
+	if s.dirInfo == nil {
+		return nil // in memory
+	}
+	fi, err := os.Stat(s.path)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %w", ErrGone, err)
+	case !os.SameFile(fi, s.dirInfo):
+		return fmt.Errorf("%w: %s was replaced while the store was open", ErrGone, s.path)
+	}
+	return nil
 }
 
 // checkFormat writes the format marker into a new store and refuses a
@@ -268,8 +407,16 @@ func (s *Store) fail(op string, err error) error {
 func (s *Store) Path() string { return s.path }
 
 func (s *Store) begin() error {
-	if s.closed {
+	if s.broken == nil && s.errs != nil {
+		if msg := s.errs.fatal.Load(); msg != nil {
+			s.broken = s.fail("pebble", fmt.Errorf("%w: %s", ErrBroken, *msg))
+		}
+	}
+	switch {
+	case s.closed:
 		return ErrClosed
+	case s.broken != nil:
+		return s.broken
 	}
 	return nil
 }
@@ -295,14 +442,18 @@ func (s *Store) LoadIdentity(ctx context.Context) ([]byte, error) {
 
 // SaveIdentity implements node.Store: it writes key (from
 // crypto.MarshalPrivateKey) and syncs.
-func (s *Store) SaveIdentity(ctx context.Context, key []byte) error {
+func (s *Store) SaveIdentity(ctx context.Context, key []byte) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.begin(); err != nil {
 		return err
 	}
+	defer s.guard("save identity", &err)
 	if len(key) == 0 {
 		return s.fail("save identity", errors.New("empty key"))
+	}
+	if err := s.present(); err != nil {
+		return s.fail("save identity", err)
 	}
 	if err := s.d.Put(ctx, keyIdentity, key); err != nil {
 		return s.fail("save identity", err)
@@ -335,11 +486,15 @@ func (s *Store) incarnation(ctx context.Context) (uint64, error) {
 
 // SaveIncarnation implements node.Store: it never lowers the saved
 // incarnation, and syncs before it returns.
-func (s *Store) SaveIncarnation(ctx context.Context, inc uint64) error {
+func (s *Store) SaveIncarnation(ctx context.Context, inc uint64) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.begin(); err != nil {
 		return err
+	}
+	defer s.guard("save incarnation", &err)
+	if err := s.present(); err != nil {
+		return s.fail("save incarnation", err)
 	}
 	old, err := s.incarnation(ctx)
 	if err != nil {
@@ -459,16 +614,21 @@ func (s *Store) LoadLeases(ctx context.Context) ([]node.Lease, error) {
 }
 
 // Flush implements node.Store: one batch, then a sync. A flush that has
-// nothing to write and nothing to collect touches nothing.
-func (s *Store) Flush(ctx context.Context, f node.Flush) error {
+// nothing to write and nothing to collect touches nothing. A flush into a
+// directory removed or replaced since Open fails with ErrGone.
+func (s *Store) Flush(ctx context.Context, f node.Flush) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.begin(); err != nil {
 		return err
 	}
+	defer s.guard("flush", &err)
 	collect := f.CollectBeforeMs >= s.minCollect
 	if f.Empty() && !collect {
 		return nil
+	}
+	if err := s.present(); err != nil {
+		return s.fail("flush", err)
 	}
 	b, err := s.d.Batch(ctx)
 	if err != nil {
@@ -576,13 +736,28 @@ func (s *Store) collect(ctx context.Context, b ds.Batch, beforeMs int64) (int64,
 }
 
 // Close implements node.Store: it closes pebble (flushing its memtables).
-func (s *Store) Close() error {
+// A broken store, and a store whose directory was removed or replaced, is
+// abandoned rather than closed (pebble would fail, or loop, creating the
+// files it needs): Close returns the error that says why. Close may block
+// as long as pebble does on a failing disk; node.Close bounds it.
+func (s *Store) Close() (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil
 	}
+	broken := s.begin()
 	s.closed = true
+	if s.errs != nil {
+		defer s.errs.flush()
+	}
+	if broken != nil {
+		return broken
+	}
+	if err := s.present(); err != nil {
+		return s.fail("close", fmt.Errorf("%w; abandoning the store without closing it", err))
+	}
+	defer s.guard("close", &err)
 	return s.fail("close", s.d.Close())
 }
 

@@ -112,12 +112,36 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	if err := serve(ctx, cfg, *cfgPath, hup, stdout, log); err != nil {
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, *cfgPath, hup, stdout, log) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		// Shutting down: a second signal kills at once, and the shutdown
+		// has shutdownBudget whatever the disk or the peers do.
+		stop()
+		select {
+		case err = <-done:
+		case <-time.After(shutdownBudget):
+			log.Error("shutdown did not finish in time; exiting without it", "budget", shutdownBudget, "data_dir", cfg.Node.DataDir)
+			return 1
+		}
+	}
+	if err != nil {
 		log.Error("serve", "err", err)
 		return 1
 	}
 	return 0
 }
+
+// Shutdown bounds. Close takes at most LeaveTimeout (2 s) + StoreTimeout
+// (2 s) plus the transport's close; with the HTTP drain that stays well
+// within shutdownBudget, the backstop.
+const (
+	httpDrain      = 2 * time.Second // in-flight requests finish, then connections are closed
+	shutdownBudget = 9 * time.Second // from the signal to the exit, whatever happens
+)
 
 // serve runs a node until ctx ends, reloading the rules from cfgPath on
 // every value from hup.
@@ -144,7 +168,7 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 	var plaus plausibility
 	plaus.update(cfg.Rules)
 	mcfg.Plausible = plaus.get
-	store, err := persistence.Open(cfg.Node.DataDir)
+	store, err := persistence.Open(cfg.Node.DataDir, persistence.WithLogger(log))
 	if err != nil {
 		return fmt.Errorf("node.data_dir: %w", err)
 	}
@@ -177,19 +201,22 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 		_ = store.Close()
 		return fmt.Errorf("node.api: %w", err)
 	}
+	ln = limitConns(ln, cfg.Node.HTTP)
 	if host, _, err := net.SplitHostPort(ln.Addr().String()); err == nil {
 		if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() {
 			log.Warn("the HTTP API listens on a non-loopback address and has no authentication: anyone who can reach it may spend limits and evict members", "api", ln.Addr().String())
 		}
 	}
 	front := &frontHandler{}
-	srv := &http.Server{Handler: front, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := newAPIServer(cfg.Node.HTTP, front, log)
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 	shutdownHTTP := func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), httpDrain)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		if srv.Shutdown(sctx) != nil {
+			_ = srv.Close() // requests still running (a long /v1/wait) are cut
+		}
 	}
 
 	log.Info("starting", "peer_id", m.PeerID(), "listen", cfg.Node.Listen, "bootstrap", cfg.Node.Bootstrap, "api", ln.Addr().String(), "rules", len(cfg.Rules))
@@ -204,7 +231,7 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 		}
 		return err
 	}
-	api, err := httpapi.New(httpapi.Config{Node: n, Transport: m, Logger: log.With("component", "api")})
+	api, err := httpapi.New(httpapi.Config{Node: n, Transport: m, MaxWait: maxWait, Logger: log.With("component", "api")})
 	if err != nil {
 		_ = n.Close()
 		shutdownHTTP()
@@ -251,6 +278,11 @@ loop:
 	wg.Wait()
 	shutdownHTTP()
 	if err := n.Close(); err != nil {
+		if errors.Is(err, node.ErrPersist) {
+			// What the member admitted since its last good flush is not on
+			// disk: say so, and where, and exit non-zero.
+			return errors.Join(serveErr, fmt.Errorf("node.data_dir %s: %w", cfg.Node.DataDir, err))
+		}
 		log.Warn("close", "err", err)
 	}
 	log.Info("stopped")

@@ -93,17 +93,25 @@ func TestServeJoiningDenies(t *testing.T) {
 		}
 		return true, ""
 	})
-	resp, err := client.Post("http://"+api+"/v1/allow", "application/json", strings.NewReader(`{"rule":"default","key":"k"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Until the store and the transport have started (a loaded machine
+	// takes a while), the front answers 503; then the node decides.
 	var d httpapi.AllowResponse
-	err = json.NewDecoder(resp.Body).Decode(&d)
-	resp.Body.Close()
-	left := joinTimeout - time.Since(started)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("allow while joining: %d %v", resp.StatusCode, err)
-	}
+	var left time.Duration
+	waitFor(t, joinTimeout, "a decision while joining", func() (bool, string) {
+		resp, err := client.Post("http://"+api+"/v1/allow", "application/json", strings.NewReader(`{"rule":"default","key":"k"}`))
+		if err != nil {
+			return false, err.Error()
+		}
+		defer resp.Body.Close()
+		left = joinTimeout - time.Since(started)
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			return false, "503 before the node started"
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("allow while joining: %d %v", resp.StatusCode, err)
+		}
+		return true, ""
+	})
 	if d.Allowed || d.RetryAfterMs <= 0 || d.RetryAfterMs > joinTimeout.Milliseconds() || time.Duration(d.RetryAfterMs)*time.Millisecond < left-time.Second {
 		t.Fatalf("allow while joining: %+v; want a denial retrying after the ~%v left of join_timeout", d, left.Round(time.Millisecond))
 	}
@@ -119,7 +127,7 @@ func TestServeJoiningDenies(t *testing.T) {
 	case <-time.After(joinTimeout + 20*time.Second):
 		t.Fatal("no ready line after join_timeout")
 	}
-	resp, err = client.Post("http://"+api+"/v1/allow", "application/json", strings.NewReader(`{"rule":"default","key":"k"}`))
+	resp, err := client.Post("http://"+api+"/v1/allow", "application/json", strings.NewReader(`{"rule":"default","key":"k"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
