@@ -103,7 +103,7 @@ type keyWindow struct {
 
 func runBench(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fset.SetOutput(stderr)
+	setUsage(fset, stderr)
 	var apis apiList
 	fset.Var(&apis, "api", "a node's API, HOST:PORT or a URL; repeat (or separate with commas) to spread the load over nodes")
 	rule := fset.String("rule", "default", "the rule to ask about")
