@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,6 +21,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"gopkg.in/yaml.v3"
+
+	"github.com/ratemesh/ratemesh/envoy"
+	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/node"
+	"github.com/ratemesh/ratemesh/node/memnet"
 )
 
 func TestVersion(t *testing.T) {
@@ -365,5 +371,61 @@ func TestPackagingFiles(t *testing.T) {
 	var ev any
 	if err := yaml.Unmarshal([]byte(envoyYAML), &ev); err != nil {
 		t.Errorf("deploy/envoy.yaml is not YAML: %v", err)
+	}
+}
+
+// TestBenchGRPC: bench's ShouldRateLimit phase against a node serving a
+// descriptor file, over the same keys (and counters) as its /v1/allow
+// phase.
+func TestBenchGRPC(t *testing.T) {
+	desc, err := envoy.Parse(envoy.File{Name: "bench.yaml", Data: []byte("domain: bench\ndescriptors:\n  - key: key\n    rate_limit: {unit: second, requests_per_unit: 3}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := node.DefaultConfig()
+	cfg.Peer, cfg.Rules, cfg.Transport = "solo", desc.Rules(), memnet.NewHub().Transport("solo")
+	n, err := node.Start(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	api, err := httpapi.New(httpapi.Config{Node: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(api)
+	t.Cleanup(ts.Close)
+	srv, err := envoy.New(envoy.Config{Node: n, Descriptors: desc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(context.Background()) })
+
+	code, out, errOut := runCLI("bench", "--json", "--api", ts.URL, "--rule", "envoy:bench.key", "--keys", "4",
+		"--concurrency", "4", "--duration", "2200ms", "--baseline", "0", "--rounds", "1", "--grpc", ln.Addr().String())
+	if code != 0 {
+		t.Fatalf("bench: %d %s", code, errOut)
+	}
+	var rep benchReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	g := rep.GRPC
+	if g == nil || g.Requests == 0 || g.Errors != 0 || g.Allowed+g.Denied != g.Requests || g.Allowed == 0 || g.Denied == 0 || rep.GRPCRatio <= 0 {
+		t.Fatalf("grpc phase: %+v ratio %v", g, rep.GRPCRatio)
+	}
+	// 4 keys × 3 a second over about 2.2 s: the phase's OK answers stay
+	// within the windows it touched (at most 4 windows).
+	if g.Allowed > 4*3*4 {
+		t.Errorf("gRPC admitted %d, over 4 keys × 3 × 4 windows", g.Allowed)
+	}
+	if code, _, errOut := runCLI("bench", "--api", ts.URL, "--rule", "envoy:bench.key", "--duration", "300ms", "--baseline", "0",
+		"--grpc", ln.Addr().String(), "--domain", "nope"); code != 1 || !strings.Contains(errOut, "no limit applies") {
+		t.Errorf("an unknown domain: %d %q", code, errOut)
 	}
 }
