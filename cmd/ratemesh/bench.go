@@ -510,9 +510,9 @@ func ms(d time.Duration) float64 { return math.Round(float64(d.Microseconds())) 
 func (r *benchReport) writeText(w io.Writer) {
 	fmt.Fprintf(w, "bench: %d node(s), rule %q (window %v), %d keys, concurrency %d, %d round(s)\n",
 		len(r.APIs), r.Rule, time.Duration(r.WindowMs)*time.Millisecond, r.Keys, r.Concurrency, r.Rounds)
-	fmt.Fprintf(w, "%-10s %10s %12s %9s %9s %8s\n", "phase", "requests", "per second", "p50 ms", "p99 ms", "errors")
+	fmt.Fprintf(w, "%-16s %10s %12s %9s %9s %8s\n", "phase", "requests", "per second", "p50 ms", "p99 ms", "errors")
 	row := func(p benchPhase) {
-		fmt.Fprintf(w, "%-10s %10d %12.0f %9.3f %9.3f %8d\n", strings.TrimPrefix(p.Path, "/v1"), p.Requests, p.PerSecond, p.P50Ms, p.P99Ms, p.Errors)
+		fmt.Fprintf(w, "%-16s %10d %12.0f %9.3f %9.3f %8d\n", strings.TrimPrefix(p.Path, "/v1"), p.Requests, p.PerSecond, p.P50Ms, p.P99Ms, p.Errors)
 	}
 	if r.Healthz != nil {
 		row(*r.Healthz)
