@@ -14,6 +14,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -251,6 +252,13 @@ func TestBasicConfig(t *testing.T) {
 	}
 	if v := (hitsMetric(t, f, "test-domain.key2", "within_limit")); v != 1 {
 		t.Errorf("metric test-domain.key2 within_limit = %v, want 1", v)
+	}
+	problems, err := testutil.GatherAndLint(f.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 }
 
