@@ -263,6 +263,7 @@ func TestServeEnvoyThreeProcesses(t *testing.T) {
 	// SIGHUP: new descriptors (a new domain) apply; a file that does not
 	// parse keeps them and is counted as failed.
 	write(t, desc, strings.Replace(envoyE2E, "domain: edge", "domain: edge2", 1))
+	write(t, cfgPath, "mesh: {suspect_after: 1s, dead_after: 2s, evict_after: 4s}\n")
 	if err := procs[0].cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -271,6 +272,9 @@ func TestServeEnvoyThreeProcesses(t *testing.T) {
 			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "x"}}}}})
 		return err == nil && r.GetStatuses()[0].GetCurrentLimit() != nil, fmt.Sprint(r, err)
 	})
+	if l := grepLines(procs[0].stderr.String(), "apply only after a restart"); !strings.Contains(l, "mesh.evict_after") {
+		t.Errorf("the reload does not log mesh.evict_after as needing a restart: %q", l)
+	}
 	write(t, desc, "domain: [\n")
 	write(t, cfgPath, "rules: [\n")
 	if err := procs[0].cmd.Process.Signal(syscall.SIGHUP); err != nil {

@@ -1,7 +1,7 @@
 // Command ratemesh is the ratemesh CLI. Each subcommand has its own flag
 // set.
 //
-//	ratemesh serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT]
+//	ratemesh serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--grpc HOST:PORT] [--envoy-config PATH]
 //	               [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE]
 //	ratemesh demo [--duration D] [--limit N] [--json]
 //	ratemesh sim --scenario FILE [--seed N] [--out DIR] [--json]
