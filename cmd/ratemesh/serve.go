@@ -131,6 +131,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	routeLibraryLogs(*logFormat)
 	if err := serve(ctx, cfg, *cfgPath, ex, hup, stdout, log); err != nil {
 		log.Error("serve", "err", err)
 		return 1

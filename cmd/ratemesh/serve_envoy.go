@@ -13,6 +13,9 @@ import (
 	"sync"
 	"time"
 
+	golog "github.com/ipfs/go-log/v2"
+	"github.com/libp2p/go-libp2p/gologshim"
+
 	"github.com/ratemesh/ratemesh/config"
 	"github.com/ratemesh/ratemesh/discovery"
 	"github.com/ratemesh/ratemesh/envoy"
@@ -41,6 +44,23 @@ func newLogger(w io.Writer, format string, level slog.Level) (*slog.Logger, erro
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("%q is not one of text, json", format)
+}
+
+// routeLibraryLogs makes the libraries' own logs JSON lines on stderr too,
+// under --log-format json: libp2p's (slog, through gologshim) and
+// gossipsub's (go-log's zap), at their default level, errors only. Without
+// it a library's error would be a text line among the JSON ones. It
+// changes process-wide state: call it once, from serve.
+func routeLibraryLogs(format string) {
+	if format != "json" {
+		return
+	}
+	gologshim.SetDefaultHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	if os.Getenv("GOLOG_LOG_FMT") == "" {
+		cfg := golog.GetConfig()
+		cfg.Format, cfg.Stderr, cfg.Stdout = golog.JSONOutput, true, false
+		golog.SetupLogging(cfg)
+	}
 }
 
 // loadEnvoy loads cfg.Envoy.Config (nil when unset) and checks that its
