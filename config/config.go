@@ -24,7 +24,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"reflect"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ratemesh/ratemesh/limiter"
@@ -34,6 +38,10 @@ import (
 
 // ErrInvalid is wrapped by every error about the file's content.
 var ErrInvalid = errors.New("config: invalid")
+
+// ErrYAML is wrapped (beside ErrInvalid) by the error about a file that
+// cannot be read as YAML at all: a reload of it changes nothing.
+var ErrYAML = errors.New("config: not YAML")
 
 // Error is a problem with one field: Path names it the way the file spells
 // it (node.api, mesh.heartbeat, rules[2] "publish": window). It wraps
@@ -76,8 +84,13 @@ type Node struct {
 	// DataDir holds the identity key and the persisted state.
 	DataDir string
 	// Bootstrap are full multiaddrs (ending in /p2p/<peer ID>) of peers
-	// to dial.
+	// to dial, or dns:HOST:PORT entries: every address HOST resolves to
+	// is asked, on API port PORT, for its peer ID and addresses (see
+	// DNSBootstrap).
 	Bootstrap []string
+	// GRPC is the host:port of Envoy's rate limit service (gRPC); empty:
+	// off.
+	GRPC string
 	// MDNS discovers peers on the local network.
 	MDNS bool
 	// PSKFile is a swarm.key: only holders of the same key can connect.
@@ -140,10 +153,18 @@ func (m *Mesh) minReclaim() time.Duration {
 	return cc.MinReclaimAfter()
 }
 
+// Envoy is the envoy section: envoyproxy/ratelimit's descriptor files.
+type Envoy struct {
+	// Config is a descriptor file or a directory of *.yaml files; empty:
+	// none.
+	Config string
+}
+
 // Config is a whole configuration file, defaults filled in.
 type Config struct {
 	Node  Node
 	Mesh  Mesh
+	Envoy Envoy
 	Rules []limiter.Rule
 	// Warnings name settings that do not apply and are ignored (lease_ttl
 	// on a windowed rule); log them.
@@ -312,19 +333,25 @@ func (c *Config) NodeConfig(base node.Config) node.Config {
 	cc.Policy = c.Mesh.PartitionPolicy
 	cc.MaxSkew = c.Mesh.MaxSkew
 	cc.JoinTimeout = c.Node.JoinTimeout
-	cc.Join = len(c.Node.Bootstrap) > 0
+	cc.Join = len(c.Node.Bootstrap) > 0 // dns: entries too
 	base.FlushInterval = c.Node.FlushInterval
 	base.PersistMinWindow = c.Node.PersistMinWindow
 	return base
 }
 
 // MeshConfig returns base with the file's namespace, listen and bootstrap
-// addresses and mDNS switch applied. PrivKey, PSK (read PSKFile with
-// mesh.LoadPSK) and Plausible are left for the caller.
+// multiaddrs (not the dns: entries: see DNSBootstrap) and mDNS switch
+// applied. PrivKey, PSK (read PSKFile with mesh.LoadPSK) and Plausible are
+// left for the caller.
 func (c *Config) MeshConfig(base mesh.Config) mesh.Config {
 	base.Namespace = c.Mesh.Namespace
 	base.Listen = append([]string(nil), c.Node.Listen...)
-	base.Bootstrap = append([]string(nil), c.Node.Bootstrap...)
+	base.Bootstrap = nil
+	for _, b := range c.Node.Bootstrap {
+		if !strings.HasPrefix(b, DNSPrefix) {
+			base.Bootstrap = append(base.Bootstrap, b)
+		}
+	}
 	base.MDNS = c.Node.MDNS
 	return base
 }
@@ -372,6 +399,16 @@ func (c *Config) validateSections() []error {
 	for i, a := range n.Bootstrap {
 		if a == "" {
 			bad(fmt.Sprintf("node.bootstrap[%d]", i), "must not be empty")
+		}
+		if hp, ok := strings.CutPrefix(a, DNSPrefix); ok {
+			if _, _, err := SplitDNS(hp); err != nil {
+				bad(fmt.Sprintf("node.bootstrap[%d]", i), "%q: %v", a, err)
+			}
+		}
+	}
+	if n.GRPC != "" {
+		if _, port, err := net.SplitHostPort(n.GRPC); err != nil || port == "" {
+			bad("node.grpc", "%q is not host:port (port 0 picks one)", n.GRPC)
 		}
 	}
 	positive := []struct {
@@ -436,4 +473,72 @@ func ruleErr(i int, name string, err error) error {
 		return e
 	}
 	return invalid(rulePath(i, name, ""), "%v", err)
+}
+
+// DNSPrefix starts a bootstrap entry discovered by DNS: dns:HOST:PORT.
+const DNSPrefix = "dns:"
+
+// SplitDNS splits the HOST:PORT of a dns: bootstrap entry: HOST a name or
+// an address, PORT the peers' API port.
+func SplitDNS(hostPort string) (host string, port int, err error) {
+	h, p, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return "", 0, fmt.Errorf("want dns:HOST:PORT (PORT: the peers' API port): %w", err)
+	}
+	n, err := strconv.Atoi(p)
+	if h == "" || err != nil || n < 1 || n > 65535 {
+		return "", 0, fmt.Errorf("want dns:HOST:PORT with a host and a port from 1 to 65535")
+	}
+	return h, n, nil
+}
+
+// DNSBootstrap returns the HOST:PORT of every dns: bootstrap entry.
+func (c *Config) DNSBootstrap() []string {
+	var out []string
+	for _, b := range c.Node.Bootstrap {
+		if hp, ok := strings.CutPrefix(b, DNSPrefix); ok {
+			out = append(out, hp)
+		}
+	}
+	return out
+}
+
+// ChangedSettings returns the settings outside the rules (node, mesh and
+// envoy sections) whose values in data differ from running's, by their
+// names in the file (node.api, mesh.heartbeat, …): a reload cannot apply
+// them, a restart does. running is the file as loaded at start, before
+// flags. A file that cannot be read as YAML reports nothing.
+func ChangedSettings(running *Config, data []byte) []string {
+	doc, err := parse(data)
+	if err != nil {
+		return nil
+	}
+	a, b := running, &doc.cfg
+	fields := []struct {
+		name string
+		x, y any
+	}{
+		{"node.listen", a.Node.Listen, b.Node.Listen}, {"node.api", a.Node.API, b.Node.API},
+		{"node.grpc", a.Node.GRPC, b.Node.GRPC},
+		{"node.data_dir", a.Node.DataDir, b.Node.DataDir}, {"node.bootstrap", a.Node.Bootstrap, b.Node.Bootstrap},
+		{"node.mdns", a.Node.MDNS, b.Node.MDNS}, {"node.psk_file", a.Node.PSKFile, b.Node.PSKFile},
+		{"node.join_timeout", a.Node.JoinTimeout, b.Node.JoinTimeout}, {"node.flush_interval", a.Node.FlushInterval, b.Node.FlushInterval},
+		{"node.persist_min_window", a.Node.PersistMinWindow, b.Node.PersistMinWindow},
+		{"mesh.namespace", a.Mesh.Namespace, b.Mesh.Namespace}, {"mesh.sync_interval", a.Mesh.SyncInterval, b.Mesh.SyncInterval},
+		{"mesh.heartbeat", a.Mesh.Heartbeat, b.Mesh.Heartbeat}, {"mesh.repair_interval", a.Mesh.RepairInterval, b.Mesh.RepairInterval},
+		{"mesh.suspect_after", a.Mesh.SuspectAfter, b.Mesh.SuspectAfter}, {"mesh.dead_after", a.Mesh.DeadAfter, b.Mesh.DeadAfter},
+		{"mesh.evict_after", a.Mesh.EvictAfter, b.Mesh.EvictAfter}, {"mesh.partition_policy", a.Mesh.PartitionPolicy, b.Mesh.PartitionPolicy},
+		{"mesh.max_skew", a.Mesh.MaxSkew, b.Mesh.MaxSkew}, {"envoy.config", a.Envoy.Config, b.Envoy.Config},
+	}
+	var out []string
+	for _, f := range fields {
+		x, y := reflect.ValueOf(f.x), reflect.ValueOf(f.y)
+		if x.Kind() == reflect.Slice && x.Len() == 0 && y.Len() == 0 {
+			continue // nil and empty lists are the same setting
+		}
+		if !reflect.DeepEqual(f.x, f.y) {
+			out = append(out, f.name)
+		}
+	}
+	return out
 }

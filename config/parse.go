@@ -47,11 +47,13 @@ func parse(data []byte) (*document, error) {
 			// An empty file: every default.
 			return &document{cfg: Default()}, nil
 		}
-		return nil, &Error{Path: "yaml", Msg: strings.TrimPrefix(err.Error(), "yaml: "), errs: []error{ErrInvalid}}
+		return nil, &Error{Path: "yaml", Msg: strings.TrimPrefix(err.Error(), "yaml: "), errs: []error{ErrInvalid, ErrYAML}}
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err != io.EOF {
-		return nil, invalid("yaml", "the file holds more than one document")
+		e := invalid("yaml", "the file holds more than one document")
+		e.errs = append(e.errs, ErrYAML)
+		return nil, e
 	}
 	doc := &document{cfg: Default()}
 	top := root.Content[0]
@@ -59,7 +61,9 @@ func parse(data []byte) (*document, error) {
 		return doc, nil
 	}
 	if top.Kind != yaml.MappingNode {
-		return nil, invalid("yaml", "line %d: the file must be a mapping with node, mesh and rules", top.Line)
+		e := invalid("yaml", "line %d: the file must be a mapping with node, mesh and rules", top.Line)
+		e.errs = append(e.errs, ErrYAML)
+		return nil, e
 	}
 	n, m := &doc.cfg.Node, &doc.cfg.Mesh
 	var policy string
@@ -70,6 +74,7 @@ func parse(data []byte) (*document, error) {
 				"api":                str(&n.API),
 				"data_dir":           str(&n.DataDir),
 				"bootstrap":          strings_(&n.Bootstrap),
+				"grpc":               str(&n.GRPC),
 				"mdns":               boolean(&n.MDNS),
 				"psk_file":           str(&n.PSKFile),
 				"join_timeout":       duration(&n.JoinTimeout),
@@ -103,6 +108,11 @@ func parse(data []byte) (*document, error) {
 			}))
 			m.PartitionPolicy = node.Policy(policy)
 			return err
+		},
+		"envoy": func(v *yaml.Node, path string) error {
+			return firstErr(walk(v, path, fields{
+				"config": str(&doc.cfg.Envoy.Config),
+			}))
 		},
 		"rules": func(v *yaml.Node, path string) error {
 			doc.hasRules = true

@@ -16,10 +16,15 @@ import (
 	"sync"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/ratemesh/ratemesh/httpapi"
 )
 
-const benchUsage = "usage: ratemesh bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--json]"
+const benchUsage = "usage: ratemesh bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--grpc ADDR... --domain D --descriptor-key K] [--json]"
 
 // apiList is a repeatable --api flag; each value may also list several
 // addresses separated by commas.
@@ -65,15 +70,19 @@ type benchWindow struct {
 
 // benchReport is what bench prints, as JSON with --json.
 type benchReport struct {
-	APIs        []string      `json:"apis"`
-	Rule        string        `json:"rule"`
-	Keys        int           `json:"keys"`
-	Concurrency int           `json:"concurrency"`
-	WindowMs    int64         `json:"window_ms"`
-	Rounds      int           `json:"rounds"`
-	Healthz     *benchPhase   `json:"healthz,omitempty"`
-	Allow       benchPhase    `json:"allow"`
-	Ratio       float64       `json:"ratio_allow_to_healthz,omitempty"`
+	APIs        []string    `json:"apis"`
+	Rule        string      `json:"rule"`
+	Keys        int         `json:"keys"`
+	Concurrency int         `json:"concurrency"`
+	WindowMs    int64       `json:"window_ms"`
+	Rounds      int         `json:"rounds"`
+	Healthz     *benchPhase `json:"healthz,omitempty"`
+	Allow       benchPhase  `json:"allow"`
+	Ratio       float64     `json:"ratio_allow_to_healthz,omitempty"`
+	// GRPC is the ShouldRateLimit phase, with --grpc: the same keys as
+	// one descriptor (--descriptor-key, the key's value) of --domain.
+	GRPC        *benchPhase   `json:"grpc,omitempty"`
+	GRPCRatio   float64       `json:"ratio_grpc_to_allow,omitempty"`
 	Windows     []benchWindow `json:"windows"`
 	FullWindows int           `json:"full_windows"`
 	// Held: no key admitted more than its limit in any full window.
@@ -90,10 +99,12 @@ type benchWorker struct {
 	n    uint64
 	errs uint64
 	err  error
-	// allow phase only
-	allowed, denied uint64
-	counts          map[keyWindow]uint64
-	limits          map[int]uint64
+	rls  rlspb.RateLimitServiceClient // with --grpc
+	// allow and grpc phases
+	allowed, denied         uint64
+	grpcAllowed, grpcDenied uint64
+	counts                  map[keyWindow]uint64
+	limits                  map[int]uint64
 }
 
 type keyWindow struct {
@@ -103,7 +114,7 @@ type keyWindow struct {
 
 func runBench(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fset.SetOutput(stderr)
+	setUsage(fset, stderr)
 	var apis apiList
 	fset.Var(&apis, "api", "a node's API, HOST:PORT or a URL; repeat (or separate with commas) to spread the load over nodes")
 	rule := fset.String("rule", "default", "the rule to ask about")
@@ -113,6 +124,10 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	baseline := fset.Duration("baseline", -1, "how long the /healthz reference phase runs first (default: --duration; 0 skips it)")
 	rounds := fset.Int("rounds", 5, "alternate the /healthz and /v1/allow phases this many times, in equal slices, so that other load on the machine weighs on both alike (fewer when a slice would hold less than two windows)")
 	prefix := fset.String("key-prefix", "bench:", "prefix of the generated keys")
+	var grpcs apiList
+	fset.Var(&grpcs, "grpc", "a node's gRPC address (node.grpc), HOST:PORT: add a ShouldRateLimit phase to each round, with the same keys as descriptor values; repeat to spread the load")
+	domain := fset.String("domain", "bench", "with --grpc: the descriptors' domain")
+	descKey := fset.String("descriptor-key", "key", "with --grpc: the descriptor entry's key (its value is the bench key)")
 	asJSON := fset.Bool("json", false, "print only the JSON report on stdout")
 	if err := fset.Parse(args); err != nil {
 		return flagExit(err)
@@ -151,6 +166,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		bases = append(bases, b)
 	}
 	rep, err := bench(context.Background(), benchConfig{
+		grpcs: grpcs, domain: *domain, descKey: *descKey,
 		bases: bases, rule: *rule, keys: *keys, conc: *conc,
 		duration: *duration, baseline: *baseline, rounds: *rounds, prefix: *prefix, progress: stderr,
 	})
@@ -174,6 +190,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 }
 
 type benchConfig struct {
+	grpcs              []string
+	domain, descKey    string
 	bases              []string
 	rule               string
 	keys, conc, rounds int
@@ -214,6 +232,41 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 	workers := make([]*benchWorker, cfg.conc)
 	for i := range workers {
 		workers[i] = &benchWorker{c: client, base: cfg.bases[i%len(cfg.bases)], rng: rand.New(rand.NewPCG(uint64(i), 0x5eed))}
+	}
+	var grpcAllowed, grpcDenied uint64
+	if len(cfg.grpcs) > 0 {
+		// One connection per worker, as the HTTP phases have.
+		for i, w := range workers {
+			conn, err := grpc.NewClient(cfg.grpcs[i%len(cfg.grpcs)], grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, fmt.Errorf("--grpc %s: %w", cfg.grpcs[i%len(cfg.grpcs)], err)
+			}
+			defer conn.Close()
+			w.rls = rlspb.NewRateLimitServiceClient(conn)
+		}
+	}
+	grpcReqs := make([]*rlspb.RateLimitRequest, 0)
+	if len(cfg.grpcs) > 0 {
+		grpcReqs = make([]*rlspb.RateLimitRequest, cfg.keys)
+		for i := range grpcReqs {
+			grpcReqs[i] = &rlspb.RateLimitRequest{Domain: cfg.domain, Descriptors: []*rlcommon.RateLimitDescriptor{
+				{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: cfg.descKey, Value: fmt.Sprintf("%s%d", cfg.prefix, i)}}}}}
+		}
+	}
+	grpcOp := func(w *benchWorker) error {
+		r, err := w.rls.ShouldRateLimit(ctx, grpcReqs[w.rng.IntN(cfg.keys)])
+		if err != nil {
+			return err
+		}
+		if len(r.GetStatuses()) != 1 || r.GetStatuses()[0].GetCurrentLimit() == nil {
+			return fmt.Errorf("ShouldRateLimit: domain %q, descriptor key %q: no limit applies (is the node serving that descriptor file?)", cfg.domain, cfg.descKey)
+		}
+		if r.GetOverallCode() == rlspb.RateLimitResponse_OK {
+			w.grpcAllowed++
+		} else {
+			w.grpcDenied++
+		}
+		return nil
 	}
 
 	healthz := func(w *benchWorker) error {
@@ -259,7 +312,7 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 	window := time.Duration(rep.WindowMs) * time.Millisecond
 	rounds := max(1, min(cfg.rounds, int(cfg.duration/(2*window))))
 	rep.Rounds = rounds
-	var hz, al phaseAcc
+	var hz, al, gr phaseAcc
 	var spans [][2]time.Time
 	for r := range rounds {
 		if cfg.baseline > 0 {
@@ -271,6 +324,22 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 		start := time.Now()
 		runBenchPhase(workers, d, allowOp, &al)
 		spans = append(spans, [2]time.Time{start, start.Add(d)})
+		if len(cfg.grpcs) > 0 {
+			fmt.Fprintf(cfg.progress, "bench: round %d/%d: gRPC ShouldRateLimit, domain %q, for %v …\n", r+1, rounds, cfg.domain, d)
+			runBenchPhase(workers, d, grpcOp, &gr)
+		}
+	}
+	if len(cfg.grpcs) > 0 {
+		p := gr.result("ShouldRateLimit")
+		for _, w := range workers {
+			grpcAllowed += w.grpcAllowed
+			grpcDenied += w.grpcDenied
+		}
+		p.Allowed, p.Denied = grpcAllowed, grpcDenied
+		rep.GRPC = &p
+		if p.Requests == 0 {
+			return nil, fmt.Errorf("gRPC: no request succeeded: %s", p.FirstErr)
+		}
 	}
 	if cfg.baseline > 0 {
 		p := hz.result("/healthz")
@@ -286,6 +355,9 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 	}
 	if rep.Healthz != nil && rep.Healthz.PerSecond > 0 {
 		rep.Ratio = rep.Allow.PerSecond / rep.Healthz.PerSecond
+	}
+	if rep.GRPC != nil && rep.Allow.PerSecond > 0 {
+		rep.GRPCRatio = rep.GRPC.PerSecond / rep.Allow.PerSecond
 	}
 	rep.Windows = benchWindows(workers, rep.WindowMs, spans)
 	for _, bw := range rep.Windows {
@@ -438,16 +510,25 @@ func ms(d time.Duration) float64 { return math.Round(float64(d.Microseconds())) 
 func (r *benchReport) writeText(w io.Writer) {
 	fmt.Fprintf(w, "bench: %d node(s), rule %q (window %v), %d keys, concurrency %d, %d round(s)\n",
 		len(r.APIs), r.Rule, time.Duration(r.WindowMs)*time.Millisecond, r.Keys, r.Concurrency, r.Rounds)
-	fmt.Fprintf(w, "%-10s %10s %12s %9s %9s %8s\n", "phase", "requests", "per second", "p50 ms", "p99 ms", "errors")
+	fmt.Fprintf(w, "%-16s %10s %12s %9s %9s %8s\n", "phase", "requests", "per second", "p50 ms", "p99 ms", "errors")
 	row := func(p benchPhase) {
-		fmt.Fprintf(w, "%-10s %10d %12.0f %9.3f %9.3f %8d\n", strings.TrimPrefix(p.Path, "/v1"), p.Requests, p.PerSecond, p.P50Ms, p.P99Ms, p.Errors)
+		fmt.Fprintf(w, "%-16s %10d %12.0f %9.3f %9.3f %8d\n", strings.TrimPrefix(p.Path, "/v1"), p.Requests, p.PerSecond, p.P50Ms, p.P99Ms, p.Errors)
 	}
 	if r.Healthz != nil {
 		row(*r.Healthz)
 	}
 	row(r.Allow)
+	if r.GRPC != nil {
+		row(*r.GRPC)
+	}
 	if r.Allow.FirstErr != "" {
 		fmt.Fprintf(w, "first error: %s\n", r.Allow.FirstErr)
+	}
+	if r.GRPC != nil {
+		if r.GRPC.FirstErr != "" {
+			fmt.Fprintf(w, "first gRPC error: %s\n", r.GRPC.FirstErr)
+		}
+		fmt.Fprintf(w, "decisions/s over gRPC ÷ over HTTP (/v1/allow): %.2f; gRPC: %d OK, %d OVER_LIMIT\n", r.GRPCRatio, r.GRPC.Allowed, r.GRPC.Denied)
 	}
 	if r.Healthz != nil {
 		fmt.Fprintf(w, "decisions/s of /v1/allow ÷ requests/s of /healthz: %.2f\n", r.Ratio)

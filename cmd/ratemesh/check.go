@@ -18,7 +18,7 @@ const checkUsage = "usage: ratemesh check --api ADDR --rule NAME --key KEY [--co
 // the request (the error names the field), 2 for bad flags.
 func runCheck(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("check", flag.ContinueOnError)
-	fset.SetOutput(stderr)
+	setUsage(fset, stderr)
 	api := fset.String("api", "", "the node's API, HOST:PORT or a URL")
 	rule := fset.String("rule", "", "the rule to check against")
 	key := fset.String("key", "", "the key (account, API key, IP, …)")

@@ -64,7 +64,7 @@ type demoSummary struct {
 
 func runDemo(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fset.SetOutput(stderr)
+	setUsage(fset, stderr)
 	duration := fset.Duration("duration", 10*time.Second, "how long to offer traffic")
 	limit := fset.Uint64("limit", 100, "the demo rule's limit per second (sliding window)")
 	asJSON := fset.Bool("json", false, "print only the JSON summary on stdout; the table goes to stderr")

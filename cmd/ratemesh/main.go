@@ -1,14 +1,16 @@
 // Command ratemesh is the ratemesh CLI. Each subcommand has its own flag
 // set.
 //
-//	ratemesh serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT]
+//	ratemesh serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--grpc HOST:PORT] [--envoy-config PATH]
 //	               [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE]
 //	ratemesh demo [--duration D] [--limit N] [--json]
 //	ratemesh sim --scenario FILE [--seed N] [--out DIR] [--json]
 //	ratemesh check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]
 //	ratemesh peers --api ADDR [--json]
 //	ratemesh peers evict PEER_ID --api ADDR
-//	ratemesh bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--json]
+//	ratemesh bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--grpc ADDR...] [--json]
+//	ratemesh validate --config FILE [--envoy-config PATH]
+//	ratemesh version                   # or ratemesh --version
 //
 // ADDR is HOST:PORT or a URL. With --json, stdout carries only the JSON;
 // progress and logs go to stderr.
@@ -28,27 +30,33 @@ import (
 	"github.com/ratemesh/ratemesh/simulator"
 )
 
-// command is one subcommand: its name, a one-line synopsis, and its entry
-// point, which returns the process exit code.
+// command is one subcommand: its name, a one-line synopsis, what it does,
+// and its entry point, which returns the process exit code.
 type command struct {
-	name, synopsis string
-	run            func(args []string, stdout, stderr io.Writer) int
+	name, synopsis, description string
+	run                         func(args []string, stdout, stderr io.Writer) int
 }
 
 func commands() []command {
 	return []command{
-		{"serve", serveUsage, runServe},
-		{"demo", "demo [--duration D] [--limit N] [--json]", runDemo},
-		{"sim", "sim --scenario FILE [--seed N] [--out DIR] [--json]", runSim},
-		{"check", "check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]", runCheck},
-		{"peers", "peers --api ADDR [--json] | peers evict PEER_ID --api ADDR", runPeers},
-		{"bench", "bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--json]", runBench},
+		{"serve", serveUsage, "Run a peer: the HTTP API, the mesh, persistence, and optionally Envoy's rate limit service over gRPC.", runServe},
+		{"demo", "demo [--duration D] [--limit N] [--json]", "Start 3 nodes on loopback, offer 5x a limit and show whether the mesh holds it.", runDemo},
+		{"sim", "sim --scenario FILE [--seed N] [--out DIR] [--json]", "Simulate hundreds of nodes under a virtual clock and report accuracy and bandwidth.", runSim},
+		{"check", "check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]", "Ask a node whether one request may proceed.", runCheck},
+		{"peers", "peers --api ADDR [--json] | peers evict PEER_ID --api ADDR", "Show a node's member table, or evict a silent member.", runPeers},
+		{"bench", "bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--grpc ADDR...] [--json]", "Measure decisions per second over HTTP (and over gRPC) against running nodes.", runBench},
+		{"validate", "validate --config FILE [--envoy-config PATH]", "Check a config file (and envoyproxy/ratelimit descriptor files) without starting: exit 0, or the errors naming the field.", runValidate},
+		{"version", "version", "Print the version, the commit and the Go version (also: ratemesh --version).", runVersion},
 	}
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: ratemesh <command> [flags]")
+	fmt.Fprintln(w, "usage: ratemesh <command> [flags]    (ratemesh <command> --help for its flags)")
 	fmt.Fprintln(w, "commands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.description)
+	}
+	fmt.Fprintln(w, "synopses:")
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  ratemesh %s\n", c.synopsis)
 	}
@@ -63,9 +71,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	switch args[0] {
+	case "help", "-h", "--help":
 		usage(stdout)
 		return 0
+	case "--version", "-version":
+		return runVersion(args[1:], stdout, stderr)
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
@@ -79,7 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func runSim(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("sim", flag.ContinueOnError)
-	fset.SetOutput(stderr)
+	setUsage(fset, stderr)
 	scenario := fset.String("scenario", "", "scenario YAML `file` (or the name of a built-in scenario: "+strings.Join(simulator.Library(), ", ")+")")
 	seed := fset.Uint64("seed", 0, "replace the scenario's seed")
 	out := fset.String("out", "", "write windows.csv, seconds.csv, nodes.csv and SVG plots into `dir`")

@@ -19,7 +19,7 @@ const peersUsage = "usage: ratemesh peers --api ADDR [--json]\n       ratemesh p
 // PEER_ID` removes a silent member at once (POST /v1/peers/{id}/evict).
 func runPeers(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("peers", flag.ContinueOnError)
-	fset.SetOutput(stderr)
+	setUsage(fset, stderr)
 	api := fset.String("api", "", "the node's API, HOST:PORT or a URL")
 	asJSON := fset.Bool("json", false, "print only the node's JSON answer on stdout")
 	timeout := fset.Duration("timeout", 10*time.Second, "give up after this long")

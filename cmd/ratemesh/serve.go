@@ -33,13 +33,15 @@ import (
 	"github.com/ratemesh/ratemesh/persistence"
 )
 
-const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE]"
+const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--grpc HOST:PORT] [--envoy-config PATH] [--log-format text|json]"
 
 // ReadyLine is what serve prints on stdout once it serves: one JSON line.
 type ReadyLine struct {
 	API    string   `json:"api"`
 	PeerID string   `json:"peer_id"`
 	Addrs  []string `json:"addrs"`
+	// GRPC is the rate limit service's address, when node.grpc is set.
+	GRPC string `json:"grpc,omitempty"`
 }
 
 // multiFlag is a repeatable string flag.
@@ -50,15 +52,18 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 func runServe(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fset.SetOutput(stderr)
+	setUsage(fset, stderr)
 	cfgPath := fset.String("config", "", "YAML config `file` (DESIGN.md); flags override it")
 	var listen, bootstrap multiFlag
 	fset.Var(&listen, "listen", "libp2p listen `multiaddr` (repeatable; default /ip4/127.0.0.1/tcp/4001)")
 	api := fset.String("api", "", "HTTP API `host:port` (default 127.0.0.1:8080; port 0 picks one)")
 	dataDir := fset.String("data-dir", "", "data `dir` (default ./ratemesh-data)")
-	fset.Var(&bootstrap, "bootstrap", "peer `multiaddr` ending in /p2p/<id> to join (repeatable)")
+	fset.Var(&bootstrap, "bootstrap", "peer `multiaddr` ending in /p2p/<id> to join, or dns:HOST:PORT to join every peer HOST resolves to (PORT: their API port) (repeatable)")
 	pskFile := fset.String("psk-file", "", "private network key `file` (swarm.key format)")
 	logLevel := fset.String("log-level", "info", "log `level`: debug, info, warn, error")
+	logFormat := fset.String("log-format", "text", "log `format` on stderr: text or json (one JSON object a line)")
+	grpcAddr := fset.String("grpc", "", "serve Envoy's rate limit service (gRPC) and gRPC health on `host:port` (port 0 picks one)")
+	envoyCfg := fset.String("envoy-config", "", "envoyproxy/ratelimit descriptor `path`: a YAML file or a directory of *.yaml")
 	if err := fset.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -74,7 +79,11 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ratemesh serve: --log-level: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log, err := newLogger(stderr, *logFormat, level)
+	if err != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: --log-format: %v\n", err)
+		return 2
+	}
 
 	cfg := config.Default()
 	if *cfgPath != "" {
@@ -100,10 +109,22 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if *pskFile != "" {
 		cfg.Node.PSKFile = *pskFile
 	}
+	ex := &serveExtras{file: cfg}
+	if *grpcAddr != "" {
+		cfg.Node.GRPC = *grpcAddr
+	}
+	if *envoyCfg != "" {
+		cfg.Envoy.Config = *envoyCfg
+	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
 		return 1
 	}
+	if ex.desc, err = loadEnvoy(&cfg); err != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
+		return 1
+	}
+	ex.envoyPath = cfg.Envoy.Config
 	for _, w := range cfg.Warnings {
 		log.Warn("config: " + w)
 	}
@@ -112,9 +133,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	routeLibraryLogs(*logFormat)
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, *cfgPath, hup, stdout, log) }()
-	var err error
+	go func() { done <- serve(ctx, cfg, *cfgPath, ex, hup, stdout, log) }()
 	select {
 	case err = <-done:
 	case <-ctx.Done():
@@ -145,7 +166,7 @@ const (
 
 // serve runs a node until ctx ends, reloading the rules from cfgPath on
 // every value from hup.
-func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os.Signal, stdout io.Writer, log *slog.Logger) error {
+func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtras, hup <-chan os.Signal, stdout io.Writer, log *slog.Logger) error {
 	if err := os.MkdirAll(cfg.Node.DataDir, 0o700); err != nil {
 		return fmt.Errorf("node.data_dir: %w", err)
 	}
@@ -165,8 +186,9 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 			log.Warn("listening on a routable address without a private network key: any peer that can reach it may join the mesh and spend its limits; set node.psk_file (--psk-file)", "listen", a)
 		}
 	}
+	rules := append(append([]limiter.Rule(nil), cfg.Rules...), ex.desc.Rules()...)
 	var plaus plausibility
-	plaus.update(cfg.Rules)
+	plaus.update(rules)
 	mcfg.Plausible = plaus.get
 	store, err := persistence.Open(cfg.Node.DataDir, persistence.WithLogger(log))
 	if err != nil {
@@ -187,8 +209,9 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 		return err
 	}
 	ncfg := cfg.NodeConfig(node.DefaultConfig())
-	ncfg.Join = len(mcfg.Bootstrap) > 0
+	ncfg.Join = ncfg.Join || len(known) > 0 // --bootstrap (dns: entries too), or members saved by an earlier run
 	ncfg.Peer, ncfg.Transport, ncfg.Store, ncfg.Logger = m.PeerID(), m, store, log.With("component", "node")
+	ncfg.Rules = rules
 	// The API serves during the join: /healthz answers 503 "joining" and
 	// decisions are denied with retry_after = the time left of
 	// join_timeout (DESIGN, Decision: joining).
@@ -206,6 +229,16 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 		if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() {
 			log.Warn("the HTTP API listens on a non-loopback address and has no authentication: anyone who can reach it may spend limits and evict members", "api", ln.Addr().String())
 		}
+	}
+	gln, err := listenGRPC(&cfg)
+	if err != nil {
+		_ = ln.Close()
+		_ = m.Close()
+		_ = store.Close()
+		return err
+	}
+	if gln != nil {
+		defer gln.Close() // closed by the gRPC server once it serves; this covers a failed start
 	}
 	front := &frontHandler{}
 	srv := newAPIServer(cfg.Node.HTTP, front, log)
@@ -238,6 +271,18 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 		return err
 	}
 	front.h.Store(api)
+	grpcFront, err := startEnvoy(gln, n, api, ex.desc, log)
+	if err != nil {
+		_ = n.Close()
+		shutdownHTTP()
+		return err
+	}
+	defer grpcFront.stop()
+	if err := startDNS(ctx, &cfg, m, log); err != nil {
+		_ = n.Close()
+		shutdownHTTP()
+		return err
+	}
 
 	select {
 	case <-n.ReadyC():
@@ -249,7 +294,8 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, hup <-chan os
 		}
 		return nil
 	}
-	line, _ := json.Marshal(ReadyLine{API: ln.Addr().String(), PeerID: m.PeerID(), Addrs: m.Addrs()})
+	grpcFront.setServing(true)
+	line, _ := json.Marshal(ReadyLine{API: ln.Addr().String(), PeerID: m.PeerID(), Addrs: m.Addrs(), GRPC: grpcFront.addr()})
 	if _, err := fmt.Fprintf(stdout, "%s\n", line); err != nil {
 		log.Warn("write ready line", "err", err)
 	}
@@ -271,11 +317,12 @@ loop:
 			serveErr = fmt.Errorf("http: %w", err)
 			break loop
 		case <-hup:
-			reload(n, api, &plaus, cfgPath, log)
+			reloadAll(n, api, grpcFront, &plaus, cfgPath, ex, log)
 		}
 	}
 	stopWatch()
 	wg.Wait()
+	grpcFront.stop()
 	shutdownHTTP()
 	if err := n.Close(); err != nil {
 		if errors.Is(err, node.ErrPersist) {
@@ -320,37 +367,6 @@ func knownPeers(ctx context.Context, store node.Store, bootstrap []string, self 
 		}
 	}
 	return out, nil
-}
-
-// reload applies the rules of the file at path: an invalid rule keeps its
-// running version, the rest apply; errors are logged and counted.
-func reload(n *node.Node, api *httpapi.Server, plaus *plausibility, path string, log *slog.Logger) {
-	if path == "" {
-		log.Warn("SIGHUP: no --config file to reload; nothing changes")
-		api.ObserveReload("failed")
-		return
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		log.Error("reload: keeping every rule", "err", err)
-		api.ObserveReload("failed")
-		return
-	}
-	rules, errs := config.Reload(n.Rules(), data)
-	for _, e := range errs {
-		log.Error("reload", "path", path, "err", e)
-	}
-	plaus.update(rules)
-	if err := n.Reload(rules); err != nil {
-		log.Error("reload: keeping every rule", "err", err)
-		api.ObserveReload("failed")
-		return
-	}
-	if len(errs) > 0 {
-		api.ObserveReload("partial")
-	} else {
-		api.ObserveReload("ok")
-	}
 }
 
 // watchRules logs, once per peer and hash, a live member whose rules hash

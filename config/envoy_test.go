@@ -1,0 +1,85 @@
+package config_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/ratemesh/ratemesh/config"
+	"github.com/ratemesh/ratemesh/mesh"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// TestEnvoyKeysAndDNSBootstrap: node.grpc, envoy.config and dns: bootstrap
+// entries are read, checked by name, and the dns: entries reach the node
+// (it joins) but not the mesh's multiaddr list.
+func TestEnvoyKeysAndDNSBootstrap(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+node:
+  grpc: "127.0.0.1:8081"
+  bootstrap: ["dns:ratemesh:8080", "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"]
+envoy:
+  config: /etc/ratemesh/descriptors
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Node.GRPC != "127.0.0.1:8081" || cfg.Envoy.Config != "/etc/ratemesh/descriptors" {
+		t.Errorf("grpc %q envoy.config %q", cfg.Node.GRPC, cfg.Envoy.Config)
+	}
+	if got := cfg.DNSBootstrap(); len(got) != 1 || got[0] != "ratemesh:8080" {
+		t.Errorf("DNSBootstrap %v", got)
+	}
+	mc := cfg.MeshConfig(mesh.DefaultConfig())
+	if len(mc.Bootstrap) != 1 || strings.HasPrefix(mc.Bootstrap[0], "dns:") {
+		t.Errorf("mesh bootstrap %v", mc.Bootstrap)
+	}
+	if !cfg.NodeConfig(node.DefaultConfig()).Join {
+		t.Error("a node with bootstrap entries joins")
+	}
+	host, port, err := config.SplitDNS("ratemesh:8080")
+	if host != "ratemesh" || port != 8080 || err != nil {
+		t.Errorf("SplitDNS: %q %d %v", host, port, err)
+	}
+
+	for _, c := range []struct{ yaml, want string }{
+		{"node: {grpc: nohostport}", "node.grpc"},
+		{"node: {bootstrap: [\"dns:ratemesh\"]}", "node.bootstrap[0]"},
+		{"node: {bootstrap: [\"dns::8080\"]}", "node.bootstrap[0]"},
+		{"node: {bootstrap: [\"dns:ratemesh:99999\"]}", "node.bootstrap[0]"},
+		{"envoy: {config: 3, extra: 1}", "envoy.extra"},
+	} {
+		_, err := config.Parse([]byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error naming %s", c.yaml, err, c.want)
+		}
+	}
+}
+
+// TestReloadOfBadYAMLAndRestartSettings: a file that is not YAML is told
+// apart (ErrYAML), and the settings a reload cannot apply are named.
+func TestReloadOfBadYAMLAndRestartSettings(t *testing.T) {
+	running := config.Default()
+	_, errs := config.Reload(running.Rules, []byte("rules: [\n"))
+	if len(errs) != 1 || !errors.Is(errs[0], config.ErrYAML) {
+		t.Errorf("unparsable reload: %v", errs)
+	}
+	_, errs = config.Reload(running.Rules, []byte("rules:\n  - {name: a, algorithm: nope, limit: 1, window: 1s}\n"))
+	for _, e := range errs {
+		if errors.Is(e, config.ErrYAML) {
+			t.Errorf("an invalid rule is not a YAML error: %v", e)
+		}
+	}
+	got := config.ChangedSettings(&running, []byte(`
+node: {api: "127.0.0.1:9999", grpc: ":8081"}
+mesh: {heartbeat: 1s}
+envoy: {config: x.yaml}
+rules: [{name: a, algorithm: fixed_window, limit: 1, window: 1s}]
+`))
+	if strings.Join(got, ",") != "node.api,node.grpc,mesh.heartbeat,envoy.config" {
+		t.Errorf("changed settings %v", got)
+	}
+	if got := config.ChangedSettings(&running, []byte("rules: [{name: a, algorithm: fixed_window, limit: 1, window: 1s}]\n")); len(got) != 0 {
+		t.Errorf("rules only: %v", got)
+	}
+}

@@ -1,0 +1,304 @@
+package envoy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"sync/atomic"
+	"time"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// ServiceName is the gRPC service the Server implements, as health checks
+// name it.
+const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// Decider decides requests: *node.Node. Calls may be concurrent.
+type Decider interface {
+	Allow(ctx context.Context, rule, key string, opts ...node.Option) (node.Decision, error)
+	Usage(rule, key string) (node.UsageReport, error)
+}
+
+// Config configures a Server.
+type Config struct {
+	// Node decides every counted descriptor.
+	Node Decider
+	// Descriptors are the loaded configuration files; nil: every
+	// descriptor is OK. Their Rules must be among Node's rules.
+	Descriptors *Descriptors
+	// Registerer takes the Server's metrics; nil keeps them unregistered.
+	Registerer prometheus.Registerer
+	// Logger receives errors; nil discards them.
+	Logger *slog.Logger
+}
+
+// Server is envoyproxy/ratelimit's gRPC service over a ratemesh node
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit), with the
+// standard gRPC health service beside it. It is safe for concurrent use.
+//
+// Each descriptor of a request that matches an entry with a limit is one
+// check of the entry's rule, keyed by the descriptor's values; every such
+// descriptor is counted whatever the others decide (as in
+// envoyproxy/ratelimit by default), and the overall code is OVER_LIMIT if
+// any descriptor is.
+type Server struct {
+	rlspb.UnimplementedRateLimitServiceServer
+	node    Decider
+	desc    atomic.Pointer[Descriptors]
+	log     *slog.Logger
+	health  *health.Server
+	grpc    *grpc.Server
+	metrics *metrics
+}
+
+// New returns a Server; it serves once Serve is called. Health checks
+// answer NOT_SERVING until SetServing(true).
+func New(cfg Config) (*Server, error) {
+	if cfg.Node == nil {
+		return nil, errors.New("envoy: Config.Node must be set")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s := &Server{node: cfg.Node, log: cfg.Logger, health: health.NewServer(), metrics: newMetrics()}
+	s.desc.Store(cfg.Descriptors)
+	if cfg.Registerer != nil {
+		if err := s.metrics.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("envoy: metrics: %w", err)
+		}
+	}
+	s.SetServing(false)
+	s.grpc = grpc.NewServer()
+	rlspb.RegisterRateLimitServiceServer(s.grpc, s)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	return s, nil
+}
+
+// Serve serves gRPC on ln until Stop; it returns nil after Stop.
+func (s *Server) Serve(ln net.Listener) error {
+	if err := s.grpc.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// Stop says NOT_SERVING, lets the calls under way finish until ctx ends,
+// then closes every connection.
+func (s *Server) Stop(ctx context.Context) {
+	s.health.Shutdown()
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-done
+	}
+}
+
+// SetServing sets the health status of the server and of ServiceName:
+// SERVING once the node is ready, NOT_SERVING while it joins.
+func (s *Server) SetServing(ok bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(ServiceName, st)
+}
+
+// SetDescriptors replaces the descriptors the next requests use (a
+// reload); the node must already hold their rules.
+func (s *Server) SetDescriptors(d *Descriptors) { s.desc.Store(d) }
+
+// Descriptors returns the descriptors in use.
+func (s *Server) Descriptors() *Descriptors { return s.desc.Load() }
+
+// ShouldRateLimit implements rlspb.RateLimitServiceServer.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	}
+	d := s.desc.Load()
+	matches := make([]Match, len(descs))
+	found := make([]bool, len(descs))
+	var replacing map[string]bool
+	for i, desc := range descs {
+		if desc.GetLimit() != nil {
+			return nil, status.Errorf(codes.Unimplemented, "descriptors[%d].limit: a limit override in the request is not supported by ratemesh; configure the limit in the descriptor files", i)
+		}
+		if desc.GetIsNegativeHits() {
+			return nil, status.Errorf(codes.Unimplemented, "descriptors[%d].is_negative_hits: ratemesh counters only grow; negative hits are not supported", i)
+		}
+		matches[i], found[i] = d.Lookup(req.GetDomain(), desc.GetEntries())
+		if found[i] {
+			for _, r := range matches[i].Entry.Limit.Replaces {
+				if replacing == nil {
+					replacing = make(map[string]bool)
+				}
+				replacing[r] = true
+			}
+		}
+	}
+	resp := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK, Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, len(descs))}
+	for i, desc := range descs {
+		m := matches[i]
+		var st *rlspb.RateLimitResponse_DescriptorStatus
+		switch {
+		case !found[i]:
+			st = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+		case m.Entry.Limit.Unlimited:
+			st = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+		case m.Entry.Limit.Name != "" && replacing[m.Entry.Limit.Name]:
+			st = &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+		default:
+			var err error
+			if st, err = s.decide(ctx, m, hitsAddend(req, desc.GetHitsAddend())); err != nil {
+				return nil, err
+			}
+		}
+		resp.Statuses[i] = st
+		if st.Code == rlspb.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	s.metrics.requests.WithLabelValues(codeName(resp.OverallCode)).Inc()
+	return resp, nil
+}
+
+// hitsAddend is the cost of one descriptor: its own hits_addend when set
+// (0 checks without counting), else the request's, 0 meaning 1.
+func hitsAddend(req *rlspb.RateLimitRequest, own *wrapperspb.UInt64Value) uint64 {
+	if own != nil {
+		return own.GetValue()
+	}
+	return uint64(max(req.GetHitsAddend(), 1))
+}
+
+// decide counts one descriptor of cost hits under m's entry.
+func (s *Server) decide(ctx context.Context, m Match, hits uint64) (*rlspb.RateLimitResponse_DescriptorStatus, error) {
+	e, l := m.Entry, m.Entry.Limit
+	cur := &rlspb.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit}
+	if l.UnitMultiplier > 0 {
+		cur.UnitMultiplier = wrapperspb.UInt32(l.UnitMultiplier)
+	}
+	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK, CurrentLimit: cur}
+	over := func() {
+		if e.ShadowMode {
+			s.metrics.hits.WithLabelValues(m.StatKey, "shadow_mode").Add(float64(hits))
+			return
+		}
+		st.Code = rlspb.RateLimitResponse_OVER_LIMIT
+		s.metrics.hits.WithLabelValues(m.StatKey, "over_limit").Add(float64(hits))
+	}
+	if e.Rule == "" {
+		// 0 requests per unit: every counted hit is over the limit.
+		st.DurationUntilReset = untilReset(l.Window(), time.Now())
+		if hits > 0 {
+			over()
+		}
+		return st, nil
+	}
+	d, err := s.node.Allow(ctx, e.Rule, m.Key, node.Cost(hits))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		s.log.Error("decide", "rule", e.Rule, "key", m.Key, "err", err)
+		if errors.Is(err, node.ErrClosed) {
+			return nil, status.Error(codes.Unavailable, "the node is shutting down")
+		}
+		return nil, status.Errorf(codes.Internal, "rule %s: %v", e.Rule, err)
+	}
+	st.DurationUntilReset = durationpb.New(((d.ResetAfter + time.Second - 1) / time.Second) * time.Second)
+	st.LimitRemaining = uint32(min(d.Remaining, math.MaxUint32))
+	switch {
+	case hits == 0:
+		// A check that counts nothing: over the limit only once the
+		// merged count is past it, as Redis's INCRBY 0 would say.
+		if d.Remaining == 0 {
+			if u, err := s.node.Usage(e.Rule, m.Key); err == nil && u.Total > uint64(l.RequestsPerUnit) {
+				over()
+			}
+		}
+	case d.Shadow:
+		over()
+	case d.Allowed:
+		s.metrics.hits.WithLabelValues(m.StatKey, "within_limit").Add(float64(hits))
+	default:
+		st.LimitRemaining = 0
+		over()
+		if d.Reason == limiter.ReasonLimit || d.Reason == limiter.ReasonCost {
+			// The limit is reached as this member sees it: count the hits
+			// anyway, as Redis's INCRBY does, so that a hits_addend over
+			// the limit keeps the window closed, as it does there.
+			if _, err := s.node.Allow(ctx, e.Rule, m.Key, node.Cost(hits), node.Class(OverLimitClass)); err != nil {
+				s.log.Warn("count a denied request", "rule", e.Rule, "err", err)
+			}
+		}
+	}
+	return st, nil
+}
+
+// untilReset is the time from now to the end of now's epoch-aligned
+// window of length w, in whole seconds rounded up.
+func untilReset(w time.Duration, now time.Time) *durationpb.Duration {
+	ms := w.Milliseconds()
+	left := time.Duration(ms-now.UnixMilli()%ms) * time.Millisecond
+	return durationpb.New(((left + time.Second - 1) / time.Second) * time.Second)
+}
+
+func codeName(c rlspb.RateLimitResponse_Code) string {
+	if c == rlspb.RateLimitResponse_OVER_LIMIT {
+		return "over_limit"
+	}
+	return "ok"
+}
+
+// metrics are the Server's Prometheus metrics.
+type metrics struct {
+	requests *prometheus.CounterVec
+	hits     *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	return &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratemesh_envoy_requests_total",
+			Help: "ShouldRateLimit calls answered, by overall code (ok, over_limit).",
+		}, []string{"code"}),
+		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratemesh_envoy_hits_total",
+			Help: "Hits of counted descriptors, by envoyproxy/ratelimit's statistics key and result (within_limit, over_limit, shadow_mode: over the limit but answered OK).",
+		}, []string{"key", "result"}),
+	}
+}
+
+func (m *metrics) register(r prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.requests, m.hits} {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
