@@ -3,10 +3,11 @@ package main
 // End-to-end tests of membership changes on real `ratemesh serve`
 // processes (issue 12): a joiner through one seed mid-window, a kill -9
 // and restart agreeing with the peers (and a restart with no --bootstrap
-// at all), a rolling restart (SIGTERM and SIGKILL), and a crash under
-// the strict policy. A minority partition is not tested here: loopback
-// links between processes cannot be cut from a test; node/fence_test.go
-// and the mesh tests cover it.
+// at all), a rolling restart (SIGTERM and SIGKILL), a crash under the
+// strict policy, and a member frozen (SIGSTOP) past reclaim_after. A true
+// minority partition is not tested here: loopback links between
+// processes cannot be cut from a test; node/fence_test.go and the mesh
+// tests cover it, and the frozen member is the nearest a process allows.
 
 import (
 	"bufio"
@@ -370,6 +371,7 @@ func TestServeMembership(t *testing.T) {
 	t.Run("join_through_one_seed", func(t *testing.T) { t.Parallel(); joinThroughOneSeed(t, bin) })
 	t.Run("kill_restart_agrees", func(t *testing.T) { t.Parallel(); killRestartAgrees(t, bin) })
 	t.Run("crash_under_strict", func(t *testing.T) { t.Parallel(); crashUnderStrict(t, bin) })
+	t.Run("frozen_member_under_strict", func(t *testing.T) { t.Parallel(); frozenMemberUnderStrict(t, bin) })
 	// The two rolling restarts (5 nodes, 3000/s each) one after the other.
 	t.Run("rolling_restart", func(t *testing.T) {
 		t.Parallel()
@@ -825,4 +827,106 @@ rules:
 			t.Errorf("node %d sees the killed node %q, want dead", i, st)
 		}
 	}
+}
+
+// frozenMemberUnderStrict: three nodes under strict, limit 100 per
+// second, 300/s offered; one is frozen with SIGSTOP for longer than
+// reclaim_after (a pause, a frozen VM) while the others reclaim its share,
+// then thawed. It wakes to find both others silent past reclaim_after at
+// once: it must fence itself, not evict them (a lone member once evicted
+// the majority, which took new incarnations, and admitted on its own: a
+// window of 118 of 100). No window exceeds 1.02 × the limit, the majority
+// keeps its incarnations, and the thawed node rejoins as soon as the
+// others' full states arrive (it once waited for join_timeout). The
+// closest to a minority partition that processes on loopback allow.
+func frozenMemberUnderStrict(t *testing.T, bin string) {
+	const (
+		limit  = 100
+		rule   = "f"
+		key    = "k"
+		freeze = 7 * time.Second // past reclaim_after (= dead_after, 5 s)
+	)
+	c := newCluster(t, bin, fmt.Sprintf("mesh:\n  partition_policy: strict\nrules:\n  - {name: %s, algorithm: fixed_window, limit: %d, window: 1s}\n", rule, limit))
+	ps := []*proc{c.start(0, "", "")}
+	ps = append(ps, c.start(1, "", "", "--bootstrap", ps[0].ready.Addrs[0]), c.start(2, "", "", "--bootstrap", ps[0].ready.Addrs[0]))
+	c.waitAlive(ps, 20*time.Second)
+	incs := map[string]uint64{}
+	var pr httpapi.PeersResponse
+	if status, err := ps[0].get("/v1/peers", &pr); err != nil || status != http.StatusOK {
+		t.Fatalf("peers: %d %v", status, err)
+	}
+	for _, p := range pr.Peers {
+		incs[p.PeerID] = p.Incarnation
+	}
+
+	l := startLoad(rule, key, 1000, ps, 3*limit, 6)
+	from := time.Now()
+	finished := false
+	defer func() {
+		if !finished {
+			l.finish()
+		}
+	}()
+	time.Sleep(2 * time.Second) // load before the freeze, not a wait for a condition
+	// A frozen node's clients would wait on it; these go to the others.
+	l.set(2, nil)
+	if err := ps[2].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	time.Sleep(freeze) // the freeze itself
+	l.set(2, ps[2])
+	if err := ps[2].cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	thawed := time.Now()
+	waitFor(t, 10*time.Second, "the thawed node is ready again", func() (bool, string) {
+		var h httpapi.HealthResponse
+		status, err := ps[2].get("/healthz", &h)
+		return err == nil && status == http.StatusOK, fmt.Sprintf("%d %+v %v", status, h, err)
+	})
+	rejoined := time.Since(thawed)
+	time.Sleep(2 * time.Second) // load after the rejoin
+	to := time.Now()
+	outs, sent, failed := l.finish()
+	finished = true
+
+	windows, admitted := admittedPerWindow(outs, from, to)
+	t.Logf("%d requests, %d failed; frozen at %s for %v; ready again %v after the thaw; admitted per whole window %v of answered %v (windows from %d)",
+		sent, failed, frozen.Format("05.000"), freeze, rejoined.Round(time.Millisecond), ordered(windows, admitted), ordered(windows, answeredPerWindow(outs)), windows[0])
+	for _, w := range windows {
+		if a := admitted[w]; float64(a) > 1.02*limit {
+			t.Errorf("window %d: %d admitted, over 1.02 × %d", w, a, limit)
+		}
+	}
+	// It fenced itself on waking, and served again once the members sent
+	// their full states (over connections that stayed up), not after
+	// join_timeout.
+	log := ps[2].stderr.String()
+	if !strings.Contains(log, "fenced: ") || strings.Contains(log, "join timed out") {
+		t.Errorf("the thawed node did not fence itself, or served again only after join_timeout:\n%s", log)
+	}
+	for i, p := range ps[:2] {
+		if log := p.stderr.String(); strings.Contains(log, "evicted by the mesh") {
+			t.Errorf("node %d of the majority was evicted when the frozen node woke:\n%s", i, log)
+		}
+	}
+	// The majority keeps its incarnations and sees the thawed node alive
+	// again under a new one (it was reclaimed while frozen).
+	waitFor(t, 10*time.Second, "the majority sees the thawed node alive", func() (bool, string) {
+		var pr httpapi.PeersResponse
+		if status, err := ps[0].get("/v1/peers", &pr); err != nil || status != http.StatusOK {
+			return false, fmt.Sprintf("peers: %d %v", status, err)
+		}
+		ok := true
+		for _, p := range pr.Peers {
+			switch p.PeerID {
+			case ps[0].ready.PeerID, ps[1].ready.PeerID:
+				ok = ok && p.Incarnation == incs[p.PeerID] && p.State == "alive"
+			case ps[2].ready.PeerID:
+				ok = ok && p.Incarnation > incs[p.PeerID] && p.State == "alive"
+			}
+		}
+		return ok, fmt.Sprintf("%+v; incarnations before %v", pr.Peers, incs)
+	})
 }
