@@ -1142,6 +1142,20 @@ func (c *Core) collectEvery() time.Duration {
 }
 
 func (c *Core) updateMembers(now time.Time) {
+	if c.cfg.Policy == Strict {
+		// Every silent member turns suspect before any reclaim, so the
+		// majority a reclaim needs counts only the members heard lately.
+		// Ticks on time make a member suspect long before reclaim_after;
+		// but after a stall of this member's own (a pause, a frozen VM)
+		// every other one may be past reclaim_after at once, and counting
+		// them alive until each is reclaimed let a lone member evict the
+		// majority instead of fencing itself.
+		for _, m := range c.order {
+			if m.state == Alive && now.Sub(m.lastHeard) >= c.cfg.SuspectAfter {
+				c.setState(m, Suspect)
+			}
+		}
+	}
 	reclaim := c.cfg.reclaimAfter()
 	for _, m := range c.order {
 		if m.state == Left || m.state == Dead {

@@ -181,3 +181,40 @@ func TestCoreFenceLiftsAfterFullState(t *testing.T) {
 		t.Errorf("after join_timeout admitted %d of 5", got)
 	}
 }
+
+// TestCoreStrictStalledMemberFencesItself: a member whose own ticks stall
+// (a pause, a frozen VM, SIGSTOP) for longer than reclaim_after wakes to
+// find every other member silent past it at once. It holds no majority of
+// what it hears and must fence itself and evict nobody: counting the
+// silent members alive until each is reclaimed made a lone member evict
+// the whole majority (which then took new incarnations) and serve the
+// whole limit on its own.
+func TestCoreStrictStalledMemberFencesItself(t *testing.T) {
+	const seed = 71
+	reportSeed(t, seed)
+	net := cluster(t, 3, seed, apiRule(limiter.FixedWindow, 100), nil)
+	net.Delay = 5 * time.Millisecond
+	run(t, net, time.Second, nil)
+	cfg := node.DefaultCoreConfig()
+	c := net.Core(2)
+	woke := net.Local(2).Add(cfg.DeadAfter + 3*time.Second) // past reclaim_after
+	c.Tick(woke)
+	if !c.Fenced() {
+		t.Error("the stalled member is not fenced when it wakes")
+	}
+	for _, p := range c.Peers(woke) {
+		if !p.Self && p.State != node.Suspect {
+			t.Errorf("the stalled member sees %s %v; want suspect (evicted by a lone member)", p.Peer, p.State)
+		}
+	}
+	if n, _ := c.Members(); n != 3 {
+		t.Errorf("Members() = %d after the stall; want 3", n)
+	}
+	d, err := c.Allow(woke, "api", "k", limiter.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Reason != limiter.ReasonFenced {
+		t.Errorf("decision after the stall %+v; want denied, fenced", d)
+	}
+}

@@ -496,6 +496,14 @@ func (n *Node) tick() time.Duration {
 		} else {
 			n.log.Info("member", "member", c.Peer, "incarnation", c.Incarnation, "from", c.From.String(), "state", c.To.String())
 		}
+		if c.To == Alive && (c.From == Suspect || c.From == Dead) {
+			// Heard again after a silence (a healed partition, a member
+			// that was paused or evicted), often over a connection that
+			// stayed up: full states go out by themselves only to new
+			// connections, and a member whose fence lifted serves again
+			// only once it holds ours, or after join_timeout.
+			n.answer(c.Peer)
+		}
 	}
 	if rd.NewIncarnation != 0 {
 		n.log.Warn("evicted by the mesh; took a new incarnation", "incarnation", rd.NewIncarnation)

@@ -536,9 +536,11 @@ func (s *Store) LoadPeers(ctx context.Context) ([]node.KnownPeer, error) {
 	return peers, nil
 }
 
-// SavePeers implements node.Store. The members' addresses are a hint, not
-// state a restart depends on: they are written without a sync and reach
-// the disk with the next flush.
+// SavePeers implements node.Store, and syncs before it returns: a write
+// without a sync stays in pebble's buffer until something else syncs, and
+// an idle node's flushes write nothing, so a kill -9 would lose the
+// addresses a node restarted without --bootstrap depends on. The runtime
+// saves them only when they change.
 func (s *Store) SavePeers(ctx context.Context, peers []node.KnownPeer) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -549,7 +551,10 @@ func (s *Store) SavePeers(ctx context.Context, peers []node.KnownPeer) error {
 	if err != nil {
 		return s.fail("save peers", err)
 	}
-	return s.fail("save peers", s.d.Put(ctx, keyPeers, v))
+	if err := s.d.Put(ctx, keyPeers, v); err != nil {
+		return s.fail("save peers", err)
+	}
+	return s.fail("save peers", s.d.Sync(ctx, keyPeers))
 }
 
 // LoadWindows implements node.Store.

@@ -299,3 +299,31 @@ func TestPeersRoundTrip(t *testing.T) {
 		t.Errorf("corrupt peers: %v; want ErrCorrupt naming peers[0]", err)
 	}
 }
+
+// TestSavedPeersSurviveAKill: the members' addresses saved while the node
+// runs are on disk when SavePeers returns, with no flush after them, as a
+// kill -9 would find them: a copy of the open store's files has them.
+func TestSavedPeersSurviveAKill(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := mustOpen(t, dir)
+	defer s.Close()
+	if err := s.Flush(ctx, node.Flush{}); err != nil { // the first flush, as the node's
+		t.Fatal(err)
+	}
+	want := []node.KnownPeer{{Peer: "12D3KooWA", Addrs: []string{"/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWA"}}}
+	if err := s.SavePeers(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	// What a kill -9 leaves: the files as the OS holds them, the
+	// process's buffers lost.
+	crashed := filepath.Join(t.TempDir(), "crashed")
+	if err := os.CopyFS(crashed, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	c := mustOpen(t, crashed)
+	defer c.Close()
+	if got, err := c.LoadPeers(ctx); err != nil || len(got) != 1 || got[0].Peer != want[0].Peer {
+		t.Errorf("after a kill: %+v, %v; want %+v", got, err, want)
+	}
+}

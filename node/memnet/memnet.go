@@ -120,6 +120,15 @@ func (h *Hub) Heal(a, b string) {
 	}
 }
 
+// Resume restores the link between a and b as a connection that stayed up
+// through the partition does: batches flow again, but neither handler gets
+// PeerConnected, so no full state is exchanged by itself.
+func (h *Hub) Resume(a, b string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.cut, pair(a, b))
+}
+
 // reachable reports whether a batch from a may reach b.
 func (h *Hub) reachable(a, b string) bool {
 	h.mu.Lock()
