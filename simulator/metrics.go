@@ -45,7 +45,7 @@ type ruleAcc struct {
 	keyClass          []string // per key: its workload's class (credits.go)
 	classes           map[string]*classAcc
 	conv              []int64
-	lr                *leaseRule // a concurrency rule's lease accounting (leases.go); nil for windowed rules
+	lr                *leaseRule  // a concurrency rule's lease accounting (leases.go); nil for windowed rules
 	refs              []refBucket // a token_bucket rule's reference bucket per key (bucket.go); nil otherwise
 }
 
