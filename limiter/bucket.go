@@ -190,7 +190,7 @@ func (r *Rule) decideBucket(d *Decision, limit, cost uint64, u *Usage, env *Env,
 			d.Allowed, d.Shadow = true, true
 		}
 	}
-	after := u.Tokens
+	after := u.Tokens + bucketTolerance
 	if d.Allowed {
 		after -= c
 	}
@@ -217,9 +217,10 @@ func (r *Rule) earliestBucket(limit uint64, c float64, u Usage, env Env) time.Du
 	return msDuration((c - T) / rate)
 }
 
-// bucketTolerance is the rounding a bucket forgives: one burn unit (a
-// millionth of a credit), so that float noise and burns rounded up to a
-// unit never deny a request that the exact arithmetic admits.
+// bucketTolerance is the rounding a bucket forgives: one burn unit (about
+// a millionth of a credit), so that float noise and burns rounded up to a
+// unit never deny a request, nor lower Remaining, where the exact
+// arithmetic would not.
 const bucketTolerance = 1.0 / BurnUnit
 
 // msDuration converts milliseconds to a duration rounded up to a whole

@@ -114,6 +114,9 @@ func TestBucketTokensMatchXTimeRate(t *testing.T) {
 		if want := x.AllowN(now, int(a.cost)); d.Allowed != want {
 			t.Fatalf("arrival %d: allowed %v, want %v", i, d.Allowed, want)
 		}
+		if want := uint64(max(x.TokensAt(now)+1e-9, 0)); d.Remaining != want {
+			t.Fatalf("arrival %d: Remaining %d, x/time/rate holds %v", i, d.Remaining, x.TokensAt(now))
+		}
 		got, want := l.Usage("k", now.UnixMilli()).Tokens, x.TokensAt(now)
 		if diff := got - want; diff > 1e-6 || diff < -1e-6 {
 			t.Fatalf("arrival %d: tokens %v, x/time/rate %v", i, got, want)

@@ -365,6 +365,16 @@ func (r *Rule) WindowMs() int64 {
 	return r.Window.Milliseconds()
 }
 
+// QuotaMs returns the period the rule's limit applies to, in whole
+// milliseconds rounded up: the window, or a token bucket's time to fill
+// from empty (max/refill × interval), the w of a RateLimit-Policy.
+func (r *Rule) QuotaMs() int64 {
+	if r.Algorithm == TokenBucket {
+		return r.bucketFillMs()
+	}
+	return r.WindowMs()
+}
+
 // BucketEpochMs returns a token bucket's epoch: the length of the windows
 // that hold its counters, max(interval, 2 × the time to fill the bucket
 // from empty), in whole milliseconds. A bucket idle for an epoch is full
@@ -373,9 +383,16 @@ func (r *Rule) BucketEpochMs() int64 {
 	if r.Algorithm != TokenBucket || r.Refill == 0 {
 		return 0
 	}
-	iv := r.Interval.Milliseconds()
-	// 2·⌈max·interval/refill⌉, exact in 128 bits.
-	hi, lo := bits.Mul64(r.Limit, uint64(iv))
+	return max(r.Interval.Milliseconds(), 2*r.bucketFillMs())
+}
+
+// bucketFillMs returns ⌈max·interval/refill⌉ in milliseconds, exact in
+// 128 bits, at most MaxWindow.
+func (r *Rule) bucketFillMs() int64 {
+	if r.Algorithm != TokenBucket || r.Refill == 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(r.Limit, uint64(r.Interval.Milliseconds()))
 	if hi >= r.Refill {
 		return MaxWindow.Milliseconds() // refused by Validate
 	}
@@ -383,7 +400,7 @@ func (r *Rule) BucketEpochMs() int64 {
 	if rem != 0 {
 		q++
 	}
-	return max(iv, 2*int64(min(q, uint64(MaxWindow.Milliseconds()))))
+	return int64(min(q, uint64(MaxWindow.Milliseconds())))
 }
 
 // LimitFor returns the effective limit of key for class: the key's override
