@@ -316,3 +316,56 @@ func TestBucketClasses(t *testing.T) {
 		t.Fatalf("payer after 100 ms: %+v", d)
 	}
 }
+
+// TestBucketMergedBelowOneBucket checks docs/token-bucket.md's claim
+// directly: members that admit on partial, stale views (each deciding as
+// if alone, so they overshoot) leave a merged state whose credits are
+// never above those of one bucket charged with every admitted request
+// (x/time/rate's ReserveN, which goes into debt as the merged state does),
+// at any instant. With every merge complete before each decision the two
+// are equal.
+func TestBucketMergedBelowOneBucket(t *testing.T) {
+	for _, complete := range []bool{false, true} {
+		r := bucketRule(30, 3, 50*time.Millisecond)
+		const members = 3
+		cs := make([]*crdt.Container, members)
+		ls := make([]*Limiter, members)
+		for i := range members {
+			cs[i] = crdt.NewContainer()
+			ls[i], _ = New(r, cs[i], crdt.SlotID(i), 1)
+		}
+		ref := rate.NewLimiter(rate.Limit(60), 30)
+		rng := rand.New(rand.NewPCG(5, 6))
+		start := time.UnixMilli(t0)
+		for ms := int64(0); ms < 30_000; ms += 1 + rng.Int64N(4) {
+			now := start.Add(time.Duration(ms) * time.Millisecond)
+			i := rng.IntN(members)
+			if complete {
+				for j := range members {
+					if j != i {
+						mergeInto(cs[i], cs[j])
+					}
+				}
+			} else if rng.IntN(8) == 0 {
+				mergeInto(cs[i], cs[rng.IntN(members)])
+			}
+			cost := 1 + rng.Uint64N(3)
+			d, err := ls[i].Allow("k", Request{Cost: cost, HasCost: true}, Env{NowMs: now.UnixMilli(), Members: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				ref.ReserveN(now, int(cost))
+			}
+			obs := crdt.NewContainer()
+			for j := range members {
+				mergeInto(obs, cs[j])
+			}
+			ol, _ := New(r, obs, crdt.SlotID(members), 1)
+			got, want := ol.Usage("k", now.UnixMilli()).Tokens, ref.TokensAt(now)
+			if got > want+1e-6 || complete && got < want-1e-6 {
+				t.Fatalf("complete %v, at %d ms: merged state holds %v credits, one bucket %v", complete, ms, got, want)
+			}
+		}
+	}
+}
