@@ -71,10 +71,9 @@ func slotBurn(w *crdt.Window, id crdt.SlotID, d uint64) uint64 {
 
 // bucketAt computes the bucket at nowMs from the merged counters of the
 // epoch containing it (cur) and the one before (prev), for a key whose
-// effective limit is limit. It is pure.
-func (r *Rule) bucketAt(limit uint64, nowMs int64, prev, cur epochSums) bucketState {
+// effective limit is limit; g is r.BucketEpochMs(). It is pure.
+func (r *Rule) bucketAt(limit uint64, nowMs, g int64, prev, cur epochSums) bucketState {
 	b, rate, initial := r.bucketParams(limit)
-	g := r.BucketEpochMs()
 	start := floorDiv(nowMs, g) * g
 	begin := initial // an epoch after an idle one starts with initial credits
 	if prev.ok {
@@ -115,7 +114,7 @@ func (l *Limiter) bucketUsage(u *Usage, s *crdt.Series, nowMs int64, limit uint6
 			}
 		}
 	}
-	st := l.rule.bucketAt(limit, nowMs, prev, cur)
+	st := l.rule.bucketAt(limit, nowMs, l.windowMs, prev, cur)
 	u.Tokens = st.tokens
 	own.burnTo, own.bucket = st.burnTo, true
 	return own
