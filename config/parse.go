@@ -142,6 +142,8 @@ type ruleYAML struct {
 	demandFloor                  float64
 	pace, shadow                 bool
 	maxKeys                      uint64
+	max, refill, initial         uint64 // token_bucket
+	interval                     time.Duration
 }
 
 func parseRule(i int, rn *yaml.Node) parsedRule {
@@ -232,6 +234,10 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 		"max_keys":  uinteger(&y.maxKeys),
 		"shadow":    boolean(&y.shadow),
 		"lease_ttl": duration(&y.leaseTTL),
+		"max":       uinteger(&y.max),
+		"refill":    uinteger(&y.refill),
+		"interval":  duration(&y.interval),
+		"initial":   uinteger(&y.initial),
 	})
 	if len(errs) > 0 {
 		pr.err = errs[0]
@@ -244,6 +250,11 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 	r.Name, r.Algorithm, r.Limit, r.Window = y.name, limiter.Algorithm(y.algorithm), y.limit, y.window
 	r.Mode, r.Share, r.DemandFloor, r.Pace = limiter.Mode(y.mode), limiter.Share(y.share), y.demandFloor, y.pace
 	r.MaxKeys, r.Shadow, r.LeaseTTL = int(y.maxKeys), y.shadow, y.leaseTTL
+	r.Refill, r.Interval, r.Initial, r.HasInitial = y.refill, y.interval, y.initial, hasKey(rn, "initial")
+	if err := bucketMax(rn, r, y.max); err != nil {
+		pr.err = ruleErr(i, pr.name, err)
+		return pr
+	}
 	if r.Algorithm != limiter.Concurrency && r.LeaseTTL != 0 {
 		// DESIGN.md's example sets lease_ttl on a windowed rule ("concurrency
 		// only"): it does not apply there, and saying so beats refusing it.
@@ -262,6 +273,28 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 		pr.err = ruleErr(i, pr.name, err)
 	}
 	return pr
+}
+
+// bucketMax moves a token bucket's max into r.Limit, which holds it, and
+// refuses limit on a bucket and max elsewhere.
+func bucketMax(rn *yaml.Node, r *limiter.Rule, maxCredits uint64) error {
+	bad := func(field, msg string) error {
+		return &limiter.RuleError{Rule: r.Name, Field: field, Msg: msg, Err: limiter.ErrInvalidRule}
+	}
+	if r.Algorithm != limiter.TokenBucket {
+		if hasKey(rn, "max") {
+			return bad("max", "applies to token_bucket rules only; use limit")
+		}
+		return nil
+	}
+	switch {
+	case hasKey(rn, "limit"):
+		return bad("limit", "a token_bucket rule has max, refill and interval instead")
+	case !hasKey(rn, "max"):
+		return bad("max", "must be set: the credits the bucket holds at most")
+	}
+	r.Limit = maxCredits
+	return nil
 }
 
 func hasKey(m *yaml.Node, key string) bool {

@@ -150,3 +150,30 @@ func BenchmarkXTimeRateAllow(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAllowBucket is BenchmarkAllow on a token_bucket rule: one
+// existing hot key whose epoch holds another member's slot, N = 5, a
+// bucket the benchmark never drains. Compare BenchmarkXTimeRateAllow.
+func BenchmarkAllowBucket(b *testing.B) {
+	r := Rule{Name: "api", Algorithm: TokenBucket, Limit: MaxBucket, Refill: MaxBucket, Interval: time.Second}
+	l, err := New(r, crdt.NewContainer(), self, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	env := Env{NowMs: benchNowMs, Members: 5, AckDelay: 40 * time.Millisecond}
+	const key = "acct:1234567"
+	g := r.BucketEpochMs()
+	if _, err := l.Allow(key, Request{}, Env{NowMs: benchNowMs - g, Members: 5}); err != nil {
+		b.Fatal(err)
+	}
+	w := l.Set().Ensure(key).EnsureWindow(g, floorDiv(benchNowMs, g))
+	w.Admitted.Raise(other, 100)
+	w.Attempted.Raise(other, 100*BurnUnit)
+	b.ReportAllocs()
+	for b.Loop() {
+		d, err := l.Allow(key, Request{}, env)
+		if err != nil || !d.Allowed {
+			b.Fatal("Allow denied:", d.Reason, err)
+		}
+	}
+}

@@ -86,6 +86,11 @@ type Usage struct {
 	// own, in the current and previous window.
 	CurAttempted, PrevAttempted       uint64
 	OwnCurAttempted, OwnPrevAttempted uint64
+
+	// Tokens is a token bucket's credits now, merged (see
+	// docs/token-bucket.md); Cur and Prev are then the consumption of the
+	// current and previous epoch.
+	Tokens float64
 }
 
 // weighted returns the usage and its unacknowledged part at elapsed
@@ -183,6 +188,10 @@ func (t *lottery) value(env *Env) float64 {
 // decide is Decide writing into *d, which it overwrites entirely, with
 // env.NowMs's position in its window given.
 func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *lottery, pos winPos) {
+	if r.Algorithm == TokenBucket {
+		r.decideBucket(d, limit, cost, u, env, lot)
+		return
+	}
 	used, unacked := u.weighted(r.Algorithm, pos.elapsed)
 	*d = Decision{Limit: limit, ResetAfter: pos.reset}
 	if cost > limit {
@@ -266,7 +275,8 @@ func (r *Rule) retryAfter(limit, cost uint64, u Usage, env Env, reason Reason) t
 }
 
 // Earliest returns how long from now until a request of cost credits could
-// first fit under the key's limit, assuming no further usage arrives and
+// first fit under the key's limit (for a token bucket: until the bucket,
+// u.Tokens now, holds cost credits), assuming no further usage arrives and
 // every unacknowledged usage is acknowledged by then: 0 if it fits now,
 // Never if it never can. It is the math behind Wait and RetryAfter; for a
 // concurrency rule, where room appears only when a lease ends, it returns
@@ -282,6 +292,9 @@ func (r *Rule) Earliest(limit, cost uint64, u Usage, env Env) time.Duration {
 			return 0
 		}
 		return r.LeaseTTL
+	}
+	if r.Algorithm == TokenBucket {
+		return r.earliestBucket(limit, c, u, env)
 	}
 	if r.Pace {
 		return r.earliestPaced(L, c, u, env.NowMs)

@@ -127,6 +127,10 @@ func (l *Limiter) Decide(ch Check, env Env) Decision {
 type ownWindow struct {
 	w        *crdt.Window
 	admitted uint64 // w.Admitted.Get(l.self)
+	// Token bucket: the burn units a consumption now must raise the
+	// member's slot to, valid when bucket is set.
+	burnTo uint64
+	bucket bool
 }
 
 // decide is Decide writing into *d, given the key's series s (nil if it has
@@ -142,7 +146,12 @@ func (l *Limiter) decide(d *Decision, ch *Check, s *crdt.Series, env *Env) ownWi
 		return ownWindow{}
 	}
 	var u Usage
-	cur := l.usageAt(&u, s, idx)
+	var cur ownWindow
+	if l.rule.Algorithm == TokenBucket {
+		cur = l.bucketUsage(&u, s, env.NowMs, ch.Limit)
+	} else {
+		cur = l.usageAt(&u, s, idx)
+	}
 	if ch.Unlimited {
 		l.rule.decide(d, ch.Limit, 0, &u, env, &lottery{}, pos)
 		d.Allowed, d.Shadow, d.RetryAfter, d.Reason = true, false, 0, ReasonUnlimited
@@ -189,6 +198,10 @@ func (l *Limiter) record(ch *Check, own ownWindow, admitted bool, nowMs int64) {
 	if ch.Cost == 0 {
 		return
 	}
+	if l.rule.Algorithm == TokenBucket {
+		l.recordBucket(ch, own, admitted, nowMs)
+		return
+	}
 	w := own.w
 	if w == nil {
 		w = l.set.Ensure(ch.Key).EnsureWindow(l.windowMs, floorDiv(nowMs, l.windowMs))
@@ -231,8 +244,15 @@ func (l *Limiter) AllowInto(d *Decision, key string, req *Request, env *Env) err
 	return nil
 }
 
-// Usage returns what the member knows of key at nowMs.
+// Usage returns what the member knows of key at nowMs (of a token bucket:
+// at the rule's max, without override or class).
 func (l *Limiter) Usage(key string, nowMs int64) Usage {
+	if l.rule.Algorithm == TokenBucket {
+		limit, _, _ := l.rule.LimitFor(key, "")
+		var u Usage
+		l.bucketUsage(&u, l.set.Series(key), nowMs, limit)
+		return u
+	}
 	return l.usage(l.set.Series(key), nowMs)
 }
 
@@ -240,6 +260,11 @@ func (l *Limiter) Usage(key string, nowMs int64) Usage {
 func (l *Limiter) Earliest(ch Check, env Env) time.Duration {
 	if ch.Unlimited || ch.Cost == 0 {
 		return 0
+	}
+	if l.rule.Algorithm == TokenBucket {
+		var u Usage
+		l.bucketUsage(&u, l.set.Series(ch.Key), env.NowMs, ch.Limit)
+		return l.rule.Earliest(ch.Limit, ch.Cost, u, env)
 	}
 	return l.rule.Earliest(ch.Limit, ch.Cost, l.usage(l.set.Series(ch.Key), env.NowMs), env)
 }
@@ -328,7 +353,7 @@ func (l *Limiter) usageAt(u *Usage, s *crdt.Series, idx int64) (cur ownWindow) {
 		case idx:
 			own := w.Admitted.Get(l.self)
 			u.Cur, u.CurUnacked = w.Admitted.Value(), unacked(own, w.Acked)
-			cur = ownWindow{w, own}
+			cur = ownWindow{w: w, admitted: own}
 		case idx - 1:
 			u.Prev, u.PrevUnacked = w.Admitted.Value(), unacked(w.Admitted.Get(l.self), w.Acked)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"regexp"
 	"sort"
 	"strings"
@@ -18,6 +19,7 @@ const (
 	FixedWindow   Algorithm = "fixed_window"   // credits per aligned window
 	SlidingWindow Algorithm = "sliding_window" // previous window weighted by the part still inside the last window length
 	Concurrency   Algorithm = "concurrency"    // leases held at once
+	TokenBucket   Algorithm = "token_bucket"   // a bucket of max credits refilled continuously (see docs/token-bucket.md)
 )
 
 // Mode names what happens when demand exceeds the limit.
@@ -49,6 +51,13 @@ const (
 	MaxCost  uint64 = 1 << 50
 	// MaxWindow is the longest window accepted: a year.
 	MaxWindow = 366 * 24 * time.Hour
+	// MaxBucket bounds a token bucket's max and refill (times any class
+	// multiplier): a bucket's counters hold credits in units of
+	// 1/BurnUnit, and an epoch's stay within 64 bits.
+	MaxBucket uint64 = 1 << 40
+	// BurnUnit is how many units of a token bucket's drained counter make
+	// one credit (see Rule.Refill).
+	BurnUnit = 1 << 20
 )
 
 // Sentinel errors; every error the package returns wraps one of them.
@@ -96,7 +105,8 @@ type Cost struct {
 type Rule struct {
 	Name      string
 	Algorithm Algorithm
-	// Limit is credits per window, or concurrent leases.
+	// Limit is credits per window, or concurrent leases, or a token
+	// bucket's max (the YAML key max).
 	Limit uint64
 	// Window is the window length (windowed algorithms only); it must be
 	// a whole number of milliseconds.
@@ -123,6 +133,18 @@ type Rule struct {
 	// LeaseTTL is how long a lease lives unless renewed (concurrency
 	// only); default 60s.
 	LeaseTTL time.Duration
+
+	// Token bucket only. Refill credits accrue every Interval,
+	// continuously (Refill/Interval credits per second, as
+	// golang.org/x/time/rate and GCRA accrue them), up to Limit. A key
+	// idle for a whole epoch (see BucketEpochMs) starts the next with
+	// Initial credits (Limit unless HasInitial). An override or a class
+	// scales the whole bucket (initial, refill, max) by its ratio to
+	// Limit.
+	Refill     uint64
+	Interval   time.Duration
+	Initial    uint64
+	HasInitial bool
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]*$`)
@@ -162,12 +184,27 @@ func (r *Rule) Validate() error {
 		return bad("name", "may hold only letters, digits and _ . : - and must start with a letter or digit")
 	}
 	windowed := r.Algorithm == FixedWindow || r.Algorithm == SlidingWindow
+	bucket := r.Algorithm == TokenBucket
 	switch {
-	case windowed, r.Algorithm == Concurrency:
+	case windowed, bucket, r.Algorithm == Concurrency:
 	case r.Algorithm == "":
-		return bad("algorithm", "must be set: fixed_window, sliding_window or concurrency")
+		return bad("algorithm", "must be set: fixed_window, sliding_window, token_bucket or concurrency")
 	default:
-		return bad("algorithm", "%q is not one of fixed_window, sliding_window, concurrency", r.Algorithm)
+		return bad("algorithm", "%q is not one of fixed_window, sliding_window, token_bucket, concurrency", r.Algorithm)
+	}
+	if bucket {
+		if err := r.validateBucket(bad); err != nil {
+			return err
+		}
+	} else {
+		switch {
+		case r.Refill != 0:
+			return bad("refill", "applies to token_bucket rules only")
+		case r.Interval != 0:
+			return bad("interval", "applies to token_bucket rules only")
+		case r.HasInitial || r.Initial != 0:
+			return bad("initial", "applies to token_bucket rules only")
+		}
 	}
 	if r.Limit < 1 {
 		return bad("limit", "must be at least 1")
@@ -175,7 +212,9 @@ func (r *Rule) Validate() error {
 	if r.Limit > MaxLimit {
 		return bad("limit", "%d is over the maximum %d", r.Limit, MaxLimit)
 	}
-	if windowed {
+	if bucket {
+		// validateBucket checked the rest.
+	} else if windowed {
 		switch {
 		case r.Window <= 0:
 			return bad("window", "must be positive, for example 1s")
@@ -234,6 +273,8 @@ func (r *Rule) Validate() error {
 			return bad(field, "multiplier %v must be positive and at most 1000000 (or unlimited)", c.Multiplier)
 		case !c.Unlimited && float64(r.Limit)*c.Multiplier > float64(MaxLimit):
 			return bad(field, "limit × %v is over the maximum %d", c.Multiplier, MaxLimit)
+		case bucket && !c.Unlimited && float64(max(r.Limit, r.Refill))*c.Multiplier > float64(MaxBucket):
+			return bad(field, "max and refill × %v must stay within %d", c.Multiplier, MaxBucket)
 		}
 	}
 	if r.Algorithm == Concurrency && len(r.Costs) > 0 {
@@ -261,6 +302,10 @@ func (r *Rule) Validate() error {
 			return bad(field, "limit must be at least 1")
 		case lim > MaxLimit:
 			return bad(field, "limit %d is over the maximum %d", lim, MaxLimit)
+		case bucket && lim > MaxBucket:
+			return bad(field, "max %d is over the maximum %d", lim, MaxBucket)
+		case bucket && float64(r.Refill)*float64(lim)/float64(r.Limit) > float64(MaxBucket):
+			return bad(field, "max %d scales refill over the maximum %d", lim, MaxBucket)
 		}
 		for _, name := range sortedKeys(r.Classes) {
 			if c := r.Classes[name]; !c.Unlimited && float64(lim)*c.Multiplier > float64(MaxLimit) {
@@ -274,8 +319,89 @@ func (r *Rule) Validate() error {
 	return nil
 }
 
-// WindowMs returns the window length in milliseconds (0 for concurrency).
-func (r *Rule) WindowMs() int64 { return r.Window.Milliseconds() }
+// validateBucket checks a token bucket's own fields and refuses the window
+// fields that mean nothing to it.
+func (r *Rule) validateBucket(bad func(field, format string, args ...any) error) error {
+	switch {
+	case r.Limit < 1:
+		return bad("max", "must be at least 1")
+	case r.Limit > MaxBucket:
+		return bad("max", "%d is over the maximum %d", r.Limit, MaxBucket)
+	case r.Refill < 1:
+		return bad("refill", "must be at least 1")
+	case r.Refill > MaxBucket:
+		return bad("refill", "%d is over the maximum %d", r.Refill, MaxBucket)
+	case r.Interval <= 0:
+		return bad("interval", "must be positive, for example 1s")
+	case r.Interval%time.Millisecond != 0:
+		return bad("interval", "%v is not a whole number of milliseconds", r.Interval)
+	case r.Interval > MaxWindow:
+		return bad("interval", "%v is longer than the maximum %v", r.Interval, MaxWindow)
+	case r.Initial > r.Limit:
+		return bad("initial", "%d is over max %d", r.Initial, r.Limit)
+	case r.Window != 0:
+		return bad("window", "token_bucket rules have no window; use refill and interval")
+	case r.Mode == Suppress:
+		return bad("mode", "suppress applies to windowed rules only")
+	case r.Share == Demand:
+		return bad("share", "demand applies to windowed rules only")
+	case r.Pace:
+		return bad("pace", "applies to fixed_window and sliding_window rules only; a bucket paces by its refill")
+	case r.LeaseTTL != 0:
+		return bad("lease_ttl", "applies to concurrency rules only")
+	}
+	if f := float64(r.Limit) / float64(r.Refill) * float64(r.Interval); 2*f > float64(MaxWindow) {
+		return bad("refill", "max/refill × interval = %v to fill the bucket; at most half of %v", time.Duration(f), MaxWindow)
+	}
+	return nil
+}
+
+// WindowMs returns the window length in milliseconds (0 for concurrency);
+// for a token bucket, its epoch (BucketEpochMs).
+func (r *Rule) WindowMs() int64 {
+	if r.Algorithm == TokenBucket {
+		return r.BucketEpochMs()
+	}
+	return r.Window.Milliseconds()
+}
+
+// QuotaMs returns the period the rule's limit applies to, in whole
+// milliseconds rounded up: the window, or a token bucket's time to fill
+// from empty (max/refill × interval), the w of a RateLimit-Policy.
+func (r *Rule) QuotaMs() int64 {
+	if r.Algorithm == TokenBucket {
+		return r.bucketFillMs()
+	}
+	return r.WindowMs()
+}
+
+// BucketEpochMs returns a token bucket's epoch: the length of the windows
+// that hold its counters, max(interval, 2 × the time to fill the bucket
+// from empty), in whole milliseconds. A bucket idle for an epoch is full
+// again (see docs/token-bucket.md). 0 for other algorithms.
+func (r *Rule) BucketEpochMs() int64 {
+	if r.Algorithm != TokenBucket || r.Refill == 0 {
+		return 0
+	}
+	return max(r.Interval.Milliseconds(), 2*r.bucketFillMs())
+}
+
+// bucketFillMs returns ⌈max·interval/refill⌉ in milliseconds, exact in
+// 128 bits, at most MaxWindow.
+func (r *Rule) bucketFillMs() int64 {
+	if r.Algorithm != TokenBucket || r.Refill == 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(r.Limit, uint64(r.Interval.Milliseconds()))
+	if hi >= r.Refill {
+		return MaxWindow.Milliseconds() // refused by Validate
+	}
+	q, rem := bits.Div64(hi, lo, r.Refill)
+	if rem != 0 {
+		q++
+	}
+	return int64(min(q, uint64(MaxWindow.Milliseconds())))
+}
 
 // LimitFor returns the effective limit of key for class: the key's override
 // or the rule's limit, times the class multiplier (rounded down, at least
@@ -354,6 +480,9 @@ func (r *Rule) CostOf(req Request) (uint64, error) {
 func (r *Rule) Hash() uint64 {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s|%s|%d|%d|%s|%s|%g|%t|%d|%t|%d", r.Name, r.Algorithm, r.Limit, r.Window, r.Mode, r.Share, r.DemandFloor, r.Pace, r.MaxKeys, r.Shadow, r.LeaseTTL)
+	if r.Algorithm == TokenBucket {
+		fmt.Fprintf(&b, "|b%d/%d/%d/%t", r.Refill, r.Interval, r.Initial, r.HasInitial)
+	}
 	for _, k := range sortedKeys(r.Classes) {
 		fmt.Fprintf(&b, "|c%q=%g/%t", k, r.Classes[k].Multiplier, r.Classes[k].Unlimited)
 	}

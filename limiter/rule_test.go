@@ -61,7 +61,7 @@ func TestNormalizeErrors(t *testing.T) {
 		{"name with a space", func(r *Rule) { r.Name = "my api" }, "my api", "name", ErrInvalidRule},
 		{"name starting with dash", func(r *Rule) { r.Name = "-api" }, "-api", "name", ErrInvalidRule},
 		{"no algorithm", func(r *Rule) { r.Algorithm = "" }, "api", "algorithm", ErrInvalidRule},
-		{"unknown algorithm", func(r *Rule) { r.Algorithm = "token_bucket" }, "api", "algorithm", ErrInvalidRule},
+		{"unknown algorithm", func(r *Rule) { r.Algorithm = "leaky_bucket" }, "api", "algorithm", ErrInvalidRule},
 		{"limit 0", func(r *Rule) { r.Limit = 0 }, "api", "limit", ErrInvalidRule},
 		{"limit over max", func(r *Rule) { r.Limit = MaxLimit + 1; r.Classes = nil }, "api", "limit", ErrInvalidRule},
 		{"window 0", func(r *Rule) { r.Window = 0 }, "api", "window", ErrInvalidRule},

@@ -616,8 +616,11 @@ type SlotUsage struct {
 type UsageReport struct {
 	Rule, Key string
 	// Window is the current window's index and WindowMs its length (0
-	// for concurrency).
+	// for concurrency; a token bucket's epoch).
 	Window, WindowMs int64
+	// QuotaMs is the period the limit applies to: WindowMs, or a token
+	// bucket's time to fill from empty (max/refill × interval).
+	QuotaMs int64
 	// Total is the merged admitted credits of the current window, or the
 	// live leases.
 	Total uint64
@@ -631,7 +634,7 @@ func (c *Core) Usage(now time.Time, rule, key string) (UsageReport, error) {
 		return UsageReport{}, err
 	}
 	r := l.Rule()
-	rep := UsageReport{Rule: rule, Key: key, WindowMs: r.WindowMs()}
+	rep := UsageReport{Rule: rule, Key: key, WindowMs: r.WindowMs(), QuotaMs: r.QuotaMs()}
 	s := l.Set().Series(key)
 	if r.Algorithm == limiter.Concurrency {
 		if s != nil {

@@ -87,7 +87,7 @@ func (ra *ruleAcc) noteClass(k int, acc *keyAcc) {
 	ca.windows++
 	ca.offCred += acc.offCred
 	ca.admCred += acc.admCred
-	if lim := ra.limits[k]; lim > 0 {
+	if lim := ra.windowLimit(k, acc); lim > 0 {
 		r := float64(acc.admCred) / float64(lim)
 		ca.ratioMax = max(ca.ratioMax, r)
 		ca.overMax = max(ca.overMax, r-1)

@@ -307,6 +307,9 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 			}
 			ra.keys = append(ra.keys, keyAcc{win: math.MinInt64})
 			ra.limits = append(ra.limits, lim)
+			if ra.rule.Algorithm == limiter.TokenBucket {
+				ra.refs = append(ra.refs, newRefBucket(&ra.rule, lim)) // bucket.go
+			}
 			ra.wellBehaved = append(ra.wellBehaved, w.WellBehaved)
 			ra.keyClass = append(ra.keyClass, w.Class) // credits.go
 		}
@@ -917,6 +920,9 @@ func (s *sim) generate() {
 			}
 			acc.offReq++
 			acc.offCred += cost
+			if ra.refs != nil {
+				acc.refCred += ra.refs[gk].take(nowMs, ra.wms, cost) // bucket.go
+			}
 			s.requests++
 			i := s.pickNode(ws)
 			if i < 0 {

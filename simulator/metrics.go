@@ -13,6 +13,7 @@ type keyAcc struct {
 	win              int64
 	offReq, admReq   uint64
 	offCred, admCred uint64
+	refCred          uint64 // token_bucket: credits the key's reference bucket admitted (bucket.go)
 }
 
 // winAgg is one rule's window over all its keys.
@@ -44,7 +45,18 @@ type ruleAcc struct {
 	keyClass          []string // per key: its workload's class (credits.go)
 	classes           map[string]*classAcc
 	conv              []int64
-	lr                *leaseRule // a concurrency rule's lease accounting (leases.go); nil for windowed rules
+	lr                *leaseRule  // a concurrency rule's lease accounting (leases.go); nil for windowed rules
+	refs              []refBucket // a token_bucket rule's reference bucket per key (bucket.go); nil otherwise
+}
+
+// windowLimit returns key k's limit in its closing window acc: the rule's
+// (0: unlimited), or for a token bucket what its reference bucket admitted
+// (at least 1).
+func (ra *ruleAcc) windowLimit(k int, acc *keyAcc) uint64 {
+	if lim := ra.limits[k]; lim == 0 || ra.refs == nil {
+		return lim
+	}
+	return max(acc.refCred, 1)
 }
 
 // flush closes key k's current window into the rule's totals.
@@ -64,7 +76,7 @@ func (ra *ruleAcc) flush(k int) {
 			agg.OffCred += acc.offCred
 			agg.AdmCred += acc.admCred
 		}
-		if lim := ra.limits[k]; lim > 0 {
+		if lim := ra.windowLimit(k, acc); lim > 0 {
 			ra.limited++
 			over := float64(acc.admCred)/float64(lim) - 1
 			if over > 0 {

@@ -199,6 +199,10 @@ type rawRule struct {
 	MaxKeys     int                  `yaml:"max_keys"`
 	Shadow      bool                 `yaml:"shadow"`
 	LeaseTTL    string               `yaml:"lease_ttl"`
+	Max         *int64               `yaml:"max"`      // token_bucket
+	Refill      int64                `yaml:"refill"`   // token_bucket
+	Interval    string               `yaml:"interval"` // token_bucket
+	Initial     *int64               `yaml:"initial"`  // token_bucket
 }
 
 type rawWorkload struct {
@@ -449,10 +453,16 @@ func (raw *rawScenario) buildRules(s *Scenario) error {
 			Mode: limiter.Mode(rr.Mode), Share: limiter.Share(rr.Share),
 			Pace: rr.Pace, MaxKeys: rr.MaxKeys, Shadow: rr.Shadow,
 		}
-		if rr.Limit < 1 {
-			return errf(field+".limit", "%d must be at least 1", rr.Limit)
+		if err := rr.bucket(field, &r); err != nil {
+			return err
 		}
-		r.Limit = uint64(rr.Limit)
+		if r.Algorithm == limiter.TokenBucket {
+			// bucket set the limit (max)
+		} else if rr.Limit < 1 {
+			return errf(field+".limit", "%d must be at least 1", rr.Limit)
+		} else {
+			r.Limit = uint64(rr.Limit)
+		}
 		var err error
 		if r.Window, err = parseDur(field+".window", rr.Window, 0, false); err != nil {
 			return err

@@ -150,7 +150,7 @@ func (m *limiterMiddleware) windowParamNow() string {
 	now := time.Now().UnixNano()
 	if at := m.refreshAt.Load(); now >= at && m.refreshAt.CompareAndSwap(at, now+int64(windowRefresh)) {
 		if rep, err := m.n.Usage(m.cfg.Rule, ""); err == nil && rep.WindowMs > 0 {
-			p := windowParam(time.Duration(rep.WindowMs) * time.Millisecond)
+			p := windowParam(quota(rep))
 			m.wparam.Store(&p)
 		}
 	}
@@ -188,7 +188,7 @@ func New(n Limiter, cfg Config) (func(http.Handler) http.Handler, error) {
 		cfg.Error = DefaultError
 	}
 	m := &limiterMiddleware{n: n, cfg: cfg, name: sfString(cfg.Policy)}
-	p := windowParam(time.Duration(rep.WindowMs) * time.Millisecond)
+	p := windowParam(quota(rep))
 	m.wparam.Store(&p)
 	m.refreshAt.Store(time.Now().UnixNano() + int64(windowRefresh))
 	return func(next http.Handler) http.Handler {
@@ -254,6 +254,15 @@ func wrapKey(what string, err error) error {
 // ASCII.
 func PolicyValue(policy string, limit uint64, window time.Duration) string {
 	return sfString(policy) + ";q=" + strconv.FormatUint(limit, 10) + windowParam(window)
+}
+
+// quota returns the period of rep's rule's limit: its window, or a token
+// bucket's time to fill.
+func quota(rep node.UsageReport) time.Duration {
+	if rep.QuotaMs > 0 {
+		return time.Duration(rep.QuotaMs) * time.Millisecond
+	}
+	return time.Duration(rep.WindowMs) * time.Millisecond
 }
 
 func windowParam(window time.Duration) string {
