@@ -89,6 +89,23 @@ func TestCoreStrictCrashReclaimed(t *testing.T) {
 	}
 }
 
+// fencedMinority splits 5 cores into 2 + 3 under strict after a second and
+// runs until the minority (0 and 1) has fenced itself.
+func fencedMinority(t *testing.T, seed uint64) (*nodetest.Network, node.CoreConfig) {
+	t.Helper()
+	reportSeed(t, seed)
+	net := cluster(t, 5, seed, apiRule(limiter.FixedWindow, 1000), nil)
+	net.Delay = 5 * time.Millisecond
+	run(t, net, time.Second, nil)
+	net.Partition([]int{0, 1}, []int{2, 3, 4})
+	cfg := node.DefaultCoreConfig()
+	run(t, net, cfg.SuspectAfter+100*time.Millisecond, nil)
+	if !net.Core(0).Fenced() || !net.Core(1).Fenced() {
+		t.Fatal("the minority side is not fenced after suspect_after")
+	}
+	return net, cfg
+}
+
 // TestCoreStrictMinorityFenced: 5 cores split 2 + 3 under strict. The
 // minority side denies every request with ReasonFenced once its silent
 // members turn suspect, and says so in Fenced; it evicts nobody by itself,
@@ -96,17 +113,8 @@ func TestCoreStrictCrashReclaimed(t *testing.T) {
 // keeps today's scaled limits.
 func TestCoreStrictMinorityFenced(t *testing.T) {
 	const seed = 67
-	reportSeed(t, seed)
-	net := cluster(t, 5, seed, apiRule(limiter.FixedWindow, 1000), nil)
-	net.Delay = 5 * time.Millisecond
-	run(t, net, time.Second, nil)
-	net.Partition([]int{0, 1}, []int{2, 3, 4})
-	cfg := node.DefaultCoreConfig()
-	run(t, net, cfg.SuspectAfter+cfg.SyncInterval*2, nil)
+	net, cfg := fencedMinority(t, seed)
 	c := net.Core(0)
-	if !c.Fenced() {
-		t.Fatal("the minority side is not fenced after suspect_after")
-	}
 	d, err := c.Allow(net.Local(0), "api", "k", limiter.Request{})
 	if err != nil {
 		t.Fatal(err)
@@ -152,16 +160,7 @@ func TestCoreStrictMinorityFenced(t *testing.T) {
 // only join_timeout ends that.
 func TestCoreFenceLiftsAfterFullState(t *testing.T) {
 	const seed = 71
-	reportSeed(t, seed)
-	net := cluster(t, 5, seed, apiRule(limiter.FixedWindow, 1000), nil)
-	net.Delay = 5 * time.Millisecond
-	run(t, net, time.Second, nil)
-	net.Partition([]int{0, 1}, []int{2, 3, 4})
-	cfg := node.DefaultCoreConfig()
-	run(t, net, cfg.SuspectAfter+100*time.Millisecond, nil)
-	if !net.Core(0).Fenced() {
-		t.Fatal("the minority is not fenced")
-	}
+	net, cfg := fencedMinority(t, seed)
 	net.Filter = func(from, to int, b *crdt.Batch) bool { return !(from >= 2 && to < 2 && b.Has(crdt.FlagFull)) }
 	net.Recover()
 	run(t, net, cfg.Heartbeat+100*time.Millisecond, nil) // the majority's heartbeats arrive
