@@ -117,7 +117,7 @@ func parse(data []byte) (*document, error) {
 type ruleYAML struct {
 	name, algorithm, mode, share string
 	limit                        uint64
-	window, leaseTTL             time.Duration
+	window, leaseTTL, shareWait  time.Duration
 	demandFloor                  float64
 	pace, shadow                 bool
 	maxKeys                      uint64
@@ -208,9 +208,10 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 			}
 			return nil
 		},
-		"max_keys":  uinteger(&y.maxKeys),
-		"shadow":    boolean(&y.shadow),
-		"lease_ttl": duration(&y.leaseTTL),
+		"max_keys":   uinteger(&y.maxKeys),
+		"shadow":     boolean(&y.shadow),
+		"lease_ttl":  duration(&y.leaseTTL),
+		"share_wait": duration(&y.shareWait),
 	})
 	if len(errs) > 0 {
 		pr.err = errs[0]
@@ -222,7 +223,10 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 	}
 	r.Name, r.Algorithm, r.Limit, r.Window = y.name, limiter.Algorithm(y.algorithm), y.limit, y.window
 	r.Mode, r.Share, r.DemandFloor, r.Pace = limiter.Mode(y.mode), limiter.Share(y.share), y.demandFloor, y.pace
-	r.MaxKeys, r.Shadow, r.LeaseTTL = int(y.maxKeys), y.shadow, y.leaseTTL
+	r.MaxKeys, r.Shadow, r.LeaseTTL, r.ShareWait = int(y.maxKeys), y.shadow, y.leaseTTL, y.shareWait
+	if hasKey(rn, "share_wait") && y.shareWait == 0 {
+		r.ShareWait = limiter.NoShareWait // share_wait: 0 refuses at once
+	}
 	if r.Algorithm != limiter.Concurrency && r.LeaseTTL != 0 {
 		// DESIGN.md's example sets lease_ttl on a windowed rule ("concurrency
 		// only"): it does not apply there, and saying so beats refusing it.

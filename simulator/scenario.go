@@ -198,6 +198,7 @@ type rawRule struct {
 	MaxKeys     int                  `yaml:"max_keys"`
 	Shadow      bool                 `yaml:"shadow"`
 	LeaseTTL    string               `yaml:"lease_ttl"`
+	ShareWait   *string              `yaml:"share_wait"`
 }
 
 type rawWorkload struct {
@@ -457,6 +458,14 @@ func (raw *rawScenario) buildRules(s *Scenario) error {
 		}
 		if r.LeaseTTL, err = parseDur(field+".lease_ttl", rr.LeaseTTL, 0, false); err != nil {
 			return err
+		}
+		if rr.ShareWait != nil {
+			if r.ShareWait, err = parseDur(field+".share_wait", *rr.ShareWait, 0, true); err != nil {
+				return err
+			}
+			if r.ShareWait == 0 {
+				r.ShareWait = limiter.NoShareWait
+			}
 		}
 		if rr.DemandFloor != nil {
 			if *rr.DemandFloor <= 0 || *rr.DemandFloor > 1 {
