@@ -447,7 +447,7 @@ func TestShareWaitFor(t *testing.T) {
 	tests := []struct {
 		set, ack, want time.Duration
 	}{
-		{0, ack, 200 * time.Millisecond},                // the default: 5 acknowledgement delays
+		{0, ack, 200 * time.Millisecond},                 // the default: 5 acknowledgement delays
 		{0, 100 * time.Millisecond, DefaultShareWaitMax}, // capped at 250 ms
 		{0, 0, 0},
 		{NoShareWait, ack, 0},

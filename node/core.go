@@ -351,7 +351,7 @@ func (c *Core) count(d *limiter.Decision) {
 
 func (c *Core) joining(l *limiter.Limiter, ch limiter.Check, now time.Time, env limiter.Env) limiter.Decision {
 	d := l.Rule().Decide(ch.Limit, 0, limiter.Usage{}, env, 0)
-	d.Allowed, d.Shadow, d.Reason = false, false, limiter.ReasonJoining
+	d.Allowed, d.Shadow, d.Reason, d.Remaining = false, false, limiter.ReasonJoining, 0
 	d.RetryAfter = max(c.cfg.JoinTimeout-now.Sub(c.started), time.Millisecond)
 	d.RetryAfter = (d.RetryAfter + time.Millisecond - 1) / time.Millisecond * time.Millisecond
 	c.count(&d)
@@ -369,6 +369,13 @@ type Check struct {
 // passes, and consumes nothing when any fails (the attempts still count as
 // demand). The decisions come back in the order of checks.
 func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limiter.Decision, err error) {
+	return c.allowAll(now, checks, nil)
+}
+
+// allowAll is AllowAll; with counted set it decides held checks again,
+// counted[i] the window check i's attempt counts in (see
+// limiter.Limiter.RecordRetry), and counts only admissions in the stats.
+func (c *Core) allowAll(now time.Time, checks []Check, counted []int64) (allowed bool, ds []limiter.Decision, err error) {
 	ls := make([]*limiter.Limiter, len(checks))
 	chs := make([]limiter.Check, len(checks))
 	for i, ck := range checks {
@@ -387,7 +394,9 @@ func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limit
 			ds[i] = c.joining(ls[i], chs[i], now, env)
 		} else {
 			ds[i] = ls[i].Decide(chs[i], env)
-			c.count(&ds[i])
+			if counted == nil {
+				c.count(&ds[i])
+			}
 		}
 		allowed = allowed && ds[i].Allowed
 	}
@@ -395,8 +404,15 @@ func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limit
 		return false, ds, nil
 	}
 	for i := range checks {
-		if ds[i].Reason != limiter.ReasonKeyCap {
+		switch {
+		case ds[i].Reason == limiter.ReasonKeyCap:
+		case counted == nil:
 			ls[i].Record(chs[i], allowed, env.NowMs)
+		default:
+			counted[i] = ls[i].RecordRetry(chs[i], allowed, env.NowMs, counted[i])
+			if allowed {
+				c.count(&ds[i])
+			}
 		}
 		if !allowed && ds[i].Allowed {
 			// It would have passed alone; as part of the whole it did not.
