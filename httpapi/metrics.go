@@ -26,8 +26,8 @@ func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
 		}, []string{"rule", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ratemesh_decision_duration_seconds",
-			Help:    "Time the node took to decide one API request (allow or acquire), excluding HTTP and JSON.",
-			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2},
+			Help:    "Time the node took to decide one API request (allow or acquire), excluding HTTP and JSON, including a hold for its share (share_wait).",
+			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 5e-2, 0.1, 0.25, 1},
 		}, []string{"endpoint"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratemesh_config_reloads_total",
