@@ -47,6 +47,7 @@ func spend(t *testing.T, nd *node.Node, rule, key string, n int) {
 // acknowledgement delay as its retry hint.
 func TestHoldAdmitsWhenAcknowledged(t *testing.T) {
 	held := fixedRule("held", 30, time.Hour)
+	held.ShareWait = limiter.MaxShareWait // a loaded host's acknowledgements may take a while
 	now := fixedRule("now", 30, time.Hour)
 	now.ShareWait = limiter.NoShareWait
 	_, ns := holdCluster(t, held, now)
@@ -65,8 +66,8 @@ func TestHoldAdmitsWhenAcknowledged(t *testing.T) {
 	if err != nil || !d.Allowed || d.Reason != limiter.ReasonAdmitted {
 		t.Fatalf("held request: %+v, %v after %v; want admitted once acknowledged", d, err, took)
 	}
-	if took > 200*time.Millisecond {
-		t.Errorf("held for %v, over share_wait 200ms", took)
+	if took >= held.ShareWait {
+		t.Errorf("held for %v, share_wait %v", took, held.ShareWait)
 	}
 	st := a.HoldStats()
 	if st.Held != 1 || st.HeldAdmitted != 1 {
@@ -99,10 +100,12 @@ func TestHoldNotWhenLimitReached(t *testing.T) {
 		rep, _ := ns["a"].Usage("api", "k")
 		return rep.Total == 3, fmt.Sprintf("a sees %d of 3", rep.Total)
 	})
-	start := time.Now()
 	d, err := ns["a"].Allow(ctx, "api", "k")
-	if took := time.Since(start); err != nil || d.Allowed || d.Reason != limiter.ReasonLimit || took > 20*time.Millisecond {
-		t.Fatalf("over the limit: %+v, %v after %v; want denied by the limit at once", d, err, took)
+	if err != nil || d.Allowed || d.Reason != limiter.ReasonLimit {
+		t.Fatalf("over the limit: %+v, %v; want denied by the limit", d, err)
+	}
+	if st := ns["a"].HoldStats(); st.Held != 0 {
+		t.Errorf("HoldStats = %+v: a request was held", st)
 	}
 	if d.Remaining != 0 || d.RetryAfter <= 0 {
 		t.Errorf("over the limit: remaining %d, retry after %v; want 0 and the window's end", d.Remaining, d.RetryAfter)
@@ -149,7 +152,7 @@ func TestHoldBoundedByShareWaitAndContext(t *testing.T) {
 			if d.Allowed || d.Reason != limiter.ReasonShare || !errors.Is(err, c.err) && err != c.err {
 				t.Fatalf("%+v, %v; want the share denial and error %v", d, err, c.err)
 			}
-			if took < c.min || took > c.max+100*time.Millisecond {
+			if took < c.min || took > c.max+250*time.Millisecond {
 				t.Errorf("answered after %v, want within [%v, %v]", took, c.min, c.max)
 			}
 		})
@@ -160,7 +163,9 @@ func TestHoldBoundedByShareWaitAndContext(t *testing.T) {
 // by its share is held as a whole and admitted as a whole; one refused
 // by its limit is answered at once and consumes nothing.
 func TestHoldAllowAll(t *testing.T) {
-	_, ns := holdCluster(t, fixedRule("sec", 30, time.Hour), fixedRule("min", 1000, time.Hour), fixedRule("tiny", 3, time.Hour))
+	sec := fixedRule("sec", 30, time.Hour)
+	sec.ShareWait = limiter.MaxShareWait
+	_, ns := holdCluster(t, sec, fixedRule("min", 1000, time.Hour), fixedRule("tiny", 3, time.Hour))
 	a, ctx := ns["a"], context.Background()
 	spend(t, a, "sec", "k", 10)
 	start := time.Now()
@@ -182,10 +187,13 @@ func TestHoldAllowAll(t *testing.T) {
 		rep, _ := a.Usage("tiny", "k")
 		return rep.Total == 3, fmt.Sprintf("a sees %d of 3", rep.Total)
 	})
-	start = time.Now()
+	held := a.HoldStats().Held
 	ok, ds, err = a.AllowAll(ctx, node.NewCheck("min", "k"), node.NewCheck("tiny", "k"))
-	if took := time.Since(start); err != nil || ok || ds[1].Reason != limiter.ReasonLimit || took > 20*time.Millisecond {
-		t.Fatalf("AllowAll over a limit: %v %+v %v after %v; want refused at once", ok, ds, err, took)
+	if err != nil || ok || ds[1].Reason != limiter.ReasonLimit {
+		t.Fatalf("AllowAll over a limit: %v %+v %v; want refused by the limit", ok, ds, err)
+	}
+	if st := a.HoldStats(); st.Held != held {
+		t.Errorf("HoldStats = %+v: the AllowAll refused by a limit was held", st)
 	}
 	if rep, _ := a.Usage("min", "k"); rep.Total != 1 {
 		t.Errorf("the refused AllowAll consumed: min holds %d, want 1", rep.Total)
@@ -195,7 +203,7 @@ func TestHoldAllowAll(t *testing.T) {
 // TestHoldAcquire: a lease refused by the member's share is held until
 // its earlier leases are acknowledged, then granted.
 func TestHoldAcquire(t *testing.T) {
-	_, ns := holdCluster(t, limiter.Rule{Name: "conns", Algorithm: limiter.Concurrency, Limit: 6})
+	_, ns := holdCluster(t, limiter.Rule{Name: "conns", Algorithm: limiter.Concurrency, Limit: 6, ShareWait: limiter.MaxShareWait})
 	a, ctx := ns["a"], context.Background()
 	for i := range 2 {
 		if l, d, err := a.Acquire(ctx, "conns", "k"); err != nil || l == nil {
@@ -207,8 +215,8 @@ func TestHoldAcquire(t *testing.T) {
 	if err != nil || l == nil || !d.Allowed {
 		t.Fatalf("third lease: %+v, %v after %v; want it held and granted", d, err, time.Since(start))
 	}
-	if took := time.Since(start); took > 200*time.Millisecond {
-		t.Errorf("held for %v, over share_wait", took)
+	if took := time.Since(start); took >= limiter.MaxShareWait {
+		t.Errorf("held for %v, share_wait %v", took, limiter.MaxShareWait)
 	}
 }
 
