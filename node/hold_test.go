@@ -360,6 +360,26 @@ func TestIdleKeyFirstRequest(t *testing.T) {
 			t.Errorf("first acquire of %s at member %d: %+v, %v", key, k%3, d, err)
 		}
 	}
+	// Without forwarding (plain memnet) the losers are only held, and a
+	// window's draw does not change while they wait: about a third of
+	// the first requests are refused.
+	_, plain := holdCluster(t, limiter.Rule{Name: "conns", Algorithm: limiter.Concurrency, Limit: 2, LeaseTTL: time.Minute},
+		fixedRule("api", 2, time.Hour))
+	refusedAllow, refusedLease := 0, 0
+	for k := range keys {
+		key := fmt.Sprintf("k%d", k)
+		n := plain[[]string{"a", "b", "c"}[k%3]]
+		if d, err := n.Allow(ctx, "api", key); err == nil && !d.Allowed {
+			refusedAllow++
+		}
+		if l, _, err := n.Acquire(ctx, "conns", key); err == nil && l == nil {
+			refusedLease++
+		}
+	}
+	t.Logf("without forwarding: %d of %d first allows and %d of %d first acquires refused", refusedAllow, keys, refusedLease, keys)
+	if refusedAllow == 0 {
+		t.Errorf("without forwarding no first allow was refused: the test's premise failed")
+	}
 	allows, acquires := fn.count(node.ForwardAllow), fn.count(node.ForwardAcquire)
 	t.Logf("%d of %d first allows and %d of %d first acquires went to another member", allows, keys, acquires, keys)
 	if allows == 0 || acquires == 0 || allows > keys*2/3 || acquires > keys*2/3 {
