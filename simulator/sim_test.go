@@ -10,7 +10,8 @@ import (
 )
 
 // mixed exercises every event kind, churn, loss, skew, classes, costs,
-// node sets and lease clients (crashing ones too) in a few virtual seconds.
+// node sets, held share denials (share_wait) and lease clients (crashing
+// ones too) in a few virtual seconds.
 const mixed = `
 name: mixed
 seed: 7
@@ -19,7 +20,7 @@ nodes: 8
 network: {latency: 5ms, jitter: 4ms, loss: 0.02}
 mesh: {sync_interval: 20ms, heartbeat: 200ms, suspect_after: 600ms, dead_after: 1s, evict_after: 2s}
 rules:
-  - {name: api, algorithm: sliding_window, limit: 200, window: 1s}
+  - {name: api, algorithm: sliding_window, limit: 200, window: 1s, share_wait: 60ms}
   - {name: fixed, algorithm: fixed_window, limit: 50, window: 500ms, classes: {gold: 2}}
   - {name: conns, algorithm: concurrency, limit: 20, lease_ttl: 900ms}
 workload:
