@@ -159,6 +159,9 @@ func TestBadFiles(t *testing.T) {
 		{"override no limit", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, overrides: [{key: a}]}\n", `rules[0] "x": overrides[0].limit: must be set`, false},
 		{"max_keys zero", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, max_keys: 0}\n", `rules[0] "x": max_keys: must be at least 1`, false},
 		{"lease_ttl negative", "rules:\n  - {name: x, algorithm: concurrency, limit: 5, lease_ttl: -1s}\n", `rules[0] "x": lease_ttl: line 2: must not be negative`, false},
+		{"share_wait negative", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, share_wait: -1ms}\n", `rules[0] "x": share_wait: line 2: must not be negative`, false},
+		{"share_wait over max", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, share_wait: 2s}\n", `rules[0] "x": share_wait: 2s is over the maximum 1s`, false},
+		{"share_wait not a duration", "rules:\n  - {name: x, algorithm: fixed_window, limit: 5, window: 1s, share_wait: 100}\n", `rules[0] "x": share_wait: line 2: must be a duration`, false},
 		{"no name", "rules:\n  - {algorithm: fixed_window, limit: 5, window: 1s}\n", `rules[0]: name: must not be empty`, false},
 		{"empty rules", "rules: []\n", "rules: the list is empty", false},
 		{"policy", "mesh: {partition_policy: loose}\n", `mesh.partition_policy: "loose" is not one of strict, available`, false},
@@ -269,5 +272,33 @@ func TestParseSuppressDemand(t *testing.T) {
 		if r.Mode != w.mode || r.Share != w.share || r.DemandFloor != w.floor {
 			t.Errorf("rule %q: mode %q share %q demand_floor %v, want %q %q %v", r.Name, r.Mode, r.Share, r.DemandFloor, w.mode, w.share, w.floor)
 		}
+	}
+}
+
+// TestParseShareWait: share_wait set, absent (the default) and 0 (refuse at
+// once), on windowed and concurrency rules.
+func TestParseShareWait(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+rules:
+  - {name: set, algorithm: fixed_window, limit: 5, window: 1s, share_wait: 120ms}
+  - {name: unset, algorithm: sliding_window, limit: 5, window: 1s}
+  - {name: zero, algorithm: fixed_window, limit: 5, window: 1s, share_wait: 0}
+  - {name: leases, algorithm: concurrency, limit: 2, share_wait: 50ms}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]time.Duration{"set": 120 * time.Millisecond, "unset": 0, "zero": limiter.NoShareWait, "leases": 50 * time.Millisecond}
+	for _, r := range cfg.Rules {
+		if r.ShareWait != want[r.Name] {
+			t.Errorf("rule %q: ShareWait %v, want %v", r.Name, r.ShareWait, want[r.Name])
+		}
+	}
+	ack := 2 * cfg.Mesh.SyncInterval
+	if got := cfg.Rules[1].ShareWaitFor(ack); got != 200*time.Millisecond {
+		t.Errorf("the default at sync_interval %v: %v, want 200ms", cfg.Mesh.SyncInterval, got)
+	}
+	if got := cfg.Rules[2].ShareWaitFor(ack); got != 0 {
+		t.Errorf("share_wait: 0 holds %v, want 0", got)
 	}
 }

@@ -138,7 +138,7 @@ func parse(data []byte) (*document, error) {
 type ruleYAML struct {
 	name, algorithm, mode, share string
 	limit                        uint64
-	window, leaseTTL             time.Duration
+	window, leaseTTL, shareWait  time.Duration
 	demandFloor                  float64
 	pace, shadow                 bool
 	maxKeys                      uint64
@@ -231,13 +231,14 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 			}
 			return nil
 		},
-		"max_keys":  uinteger(&y.maxKeys),
-		"shadow":    boolean(&y.shadow),
-		"lease_ttl": duration(&y.leaseTTL),
-		"max":       uinteger(&y.max),
-		"refill":    uinteger(&y.refill),
-		"interval":  duration(&y.interval),
-		"initial":   uinteger(&y.initial),
+		"max_keys":   uinteger(&y.maxKeys),
+		"shadow":     boolean(&y.shadow),
+		"lease_ttl":  duration(&y.leaseTTL),
+		"max":        uinteger(&y.max),
+		"refill":     uinteger(&y.refill),
+		"interval":   duration(&y.interval),
+		"initial":    uinteger(&y.initial),
+		"share_wait": duration(&y.shareWait),
 	})
 	if len(errs) > 0 {
 		pr.err = errs[0]
@@ -249,7 +250,10 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 	}
 	r.Name, r.Algorithm, r.Limit, r.Window = y.name, limiter.Algorithm(y.algorithm), y.limit, y.window
 	r.Mode, r.Share, r.DemandFloor, r.Pace = limiter.Mode(y.mode), limiter.Share(y.share), y.demandFloor, y.pace
-	r.MaxKeys, r.Shadow, r.LeaseTTL = int(y.maxKeys), y.shadow, y.leaseTTL
+	r.MaxKeys, r.Shadow, r.LeaseTTL, r.ShareWait = int(y.maxKeys), y.shadow, y.leaseTTL, y.shareWait
+	if hasKey(rn, "share_wait") && y.shareWait == 0 {
+		r.ShareWait = limiter.NoShareWait // share_wait: 0 refuses at once
+	}
 	r.Refill, r.Interval, r.Initial, r.HasInitial = y.refill, y.interval, y.initial, hasKey(rn, "initial")
 	if err := bucketMax(rn, r, y.max); err != nil {
 		pr.err = ruleErr(i, pr.name, err)

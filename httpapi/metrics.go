@@ -22,12 +22,12 @@ func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratemesh_decisions_total",
-			Help: "Decisions served over the API, by rule and result (admitted, unlimited, shadowed, limit, share, cost, key_cap, joining).",
+			Help: "Decisions served over the API, by rule and result (admitted, unlimited, shadowed, limit, share, cost, key_cap, joining, suppressed).",
 		}, []string{"rule", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ratemesh_decision_duration_seconds",
-			Help:    "Time the node took to decide one API request (allow or acquire), excluding HTTP and JSON.",
-			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2},
+			Help:    "Time the node took to decide one API request (allow or acquire), excluding HTTP and JSON, including a hold for its share (share_wait).",
+			Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 5e-2, 0.1, 0.25, 1},
 		}, []string{"endpoint"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratemesh_config_reloads_total",
@@ -68,6 +68,8 @@ var (
 	descRejected = prometheus.NewDesc("ratemesh_mesh_rejected_total", "Received batches refused by the validator, by channel and reason.", []string{"channel", "reason"}, nil)
 	descDropped  = prometheus.NewDesc("ratemesh_mesh_dropped_total", "Messages dropped inside gossipsub at a full queue, by queue.", []string{"queue"}, nil)
 	descPersist  = prometheus.NewDesc("ratemesh_persistence_errors_total", "Errors from the persistent store.", nil, nil)
+	descHeld     = prometheus.NewDesc("ratemesh_share_holds_total", "Requests held for their share (share_wait) and answered, by result: admitted or denied.", []string{"result"}, nil)
+	descForwards = prometheus.NewDesc("ratemesh_forwards_total", "Requests sent to another member: leases renewed or released at their owner, lottery losers' requests.", nil, nil)
 )
 
 // stateCollector reads the node and the mesh at scrape time.
@@ -75,7 +77,7 @@ type stateCollector struct{ cfg Config }
 
 // Describe implements prometheus.Collector.
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMembers, descMismatch, descReady, descFenced, descKeys, descWindows, descEvicted, descKeyCap, descOffset, descEntries, descPersist} {
+	for _, d := range []*prometheus.Desc{descMembers, descMismatch, descReady, descFenced, descKeys, descWindows, descEvicted, descKeyCap, descOffset, descEntries, descPersist, descHeld, descForwards} {
 		ch <- d
 	}
 	if c.cfg.Transport != nil {
@@ -129,6 +131,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEntries, st.DroppedUnknownRule, "unknown_rule")
 	counter(descEntries, st.DroppedStale, "stale")
 	counter(descPersist, st.PersistErrors)
+	hs := n.HoldStats()
+	counter(descHeld, hs.HeldAdmitted, "admitted")
+	counter(descHeld, hs.HeldDenied, "denied")
+	counter(descForwards, hs.Forwards)
 	if t := c.cfg.Transport; t != nil {
 		ms := t.Stats()
 		counter(descBytes, ms.PublishedBytes, "sent", "gossip")

@@ -203,8 +203,14 @@ func (s *Server) fail(w http.ResponseWriter, prefix string, err error) {
 		return
 	case errors.Is(err, node.ErrUnknownRule):
 		status, msg = http.StatusNotFound, join("rule")+": "+trim(err)
+	case errors.Is(err, node.ErrBadLease):
+		msg = "lease_id: " + trim(err)
+	case errors.Is(err, node.ErrOwnerUnreachable):
+		writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: "lease_id: " + trim(err) + "; retry", Owner: leaseOwner(err)})
+		return
 	case errors.Is(err, node.ErrUnknownLease):
-		status, msg = http.StatusNotFound, "lease_id: unknown or expired lease"
+		writeJSON(w, http.StatusNotFound, ErrorResponse{Error: "lease_id: " + trim(err), Owner: leaseOwner(err)})
+		return
 	case errors.Is(err, node.ErrUnknownPeer):
 		status, msg = http.StatusNotFound, "peer_id: "+trim(err)
 	case errors.Is(err, limiter.ErrUnknownClass):
@@ -228,6 +234,15 @@ func (s *Server) fail(w http.ResponseWriter, prefix string, err error) {
 		status, msg = http.StatusInternalServerError, "internal error"
 	}
 	writeError(w, status, msg)
+}
+
+// leaseOwner returns the owner's peer ID a lease error names, or "".
+func leaseOwner(err error) string {
+	var oe *node.OwnerError
+	if errors.As(err, &oe) {
+		return oe.Owner
+	}
+	return ""
 }
 
 // trim drops the package prefixes ("node: ", "limiter: ", "checks[1]: ")
@@ -484,7 +499,7 @@ func toResponse(d node.Decision) AllowResponse {
 	if d.RetryAfter == node.Never {
 		ra = -1
 	}
-	return AllowResponse{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetAfterMs: msCeil(d.ResetAfter), RetryAfterMs: ra}
+	return AllowResponse{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetAfterMs: msCeil(d.ResetAfter), RetryAfterMs: ra, Reason: d.Reason.String()}
 }
 
 func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
@@ -633,7 +648,10 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.decided(rule, d)
-	resp := AcquireResponse{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining}
+	resp := AcquireResponse{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, Reason: d.Reason.String()}
+	if !d.Allowed {
+		resp.RetryAfterMs = toResponse(d).RetryAfterMs
+	}
 	if lease != nil {
 		resp.LeaseID = lease.ID
 		resp.TTLMs = msCeil(time.Until(lease.Expires()))

@@ -159,18 +159,24 @@ func TestAllowAndFriends(t *testing.T) {
 	n, _, ts := startServer(t, nil, "a")
 	for i := range 5 {
 		status, out := do(t, "POST", ts.URL+"/v1/allow", `{"rule":"api","key":"k"}`)
-		if status != 200 || out["allowed"] != true || out["limit"].(float64) != 5 || out["remaining"].(float64) != float64(4-i) {
+		if status != 200 || out["allowed"] != true || out["limit"].(float64) != 5 || out["remaining"].(float64) != float64(4-i) || out["reason"] != "admitted" {
 			t.Fatalf("allow %d: %d %v", i, status, out)
 		}
 	}
 	status, out := do(t, "POST", ts.URL+"/v1/allow", `{"rule":"api","key":"k"}`)
-	if status != 200 || out["allowed"] != false || out["retry_after_ms"].(float64) <= 0 || out["reset_after_ms"].(float64) <= 0 {
+	if status != 200 || out["allowed"] != false || out["retry_after_ms"].(float64) <= 0 || out["reset_after_ms"].(float64) <= 0 ||
+		out["reason"] != "limit" || out["remaining"].(float64) != 0 {
 		t.Fatalf("sixth: %d %v", status, out)
 	}
-	// A cost over the limit can never be admitted: -1.
+	// A cost over the limit can never be admitted: -1; smaller requests
+	// still can, so remaining stays.
 	status, out = do(t, "POST", ts.URL+"/v1/allow", `{"rule":"api","key":"other","cost":6}`)
-	if status != 200 || out["allowed"] != false || out["retry_after_ms"].(float64) != -1 {
+	if status != 200 || out["allowed"] != false || out["retry_after_ms"].(float64) != -1 || out["reason"] != "cost" || out["remaining"].(float64) != 5 {
 		t.Fatalf("cost over limit: %d %v", status, out)
+	}
+	status, out = do(t, "POST", ts.URL+"/v1/allow", `{"rule":"api","key":"u","class":"node"}`)
+	if status != 200 || out["allowed"] != true || out["reason"] != "unlimited" {
+		t.Fatalf("unlimited class: %d %v", status, out)
 	}
 	// type + units: 2 units of publish cost 6 > 5 → never; 1 unit of query costs 1.
 	status, out = do(t, "POST", ts.URL+"/v1/allow", `{"rule":"api","key":"t","type":"query","units":7}`)
@@ -184,7 +190,8 @@ func TestAllowAndFriends(t *testing.T) {
 	}
 	// All or nothing: the second check fails, the first consumes nothing.
 	status, out = do(t, "POST", ts.URL+"/v1/allow", `{"checks":[{"rule":"big","key":"m"},{"rule":"api","key":"k"}]}`)
-	if status != 200 || out["allowed"] != false || len(out["results"].([]any)) != 2 {
+	if status != 200 || out["allowed"] != false || len(out["results"].([]any)) != 2 ||
+		out["results"].([]any)[0].(map[string]any)["reason"] != "admitted" || out["results"].([]any)[1].(map[string]any)["reason"] != "limit" {
 		t.Fatalf("checks: %d %v", status, out)
 	}
 	if rep, err := n.Usage("big", "m"); err != nil || rep.Total != 0 {
@@ -215,8 +222,9 @@ func TestAllowAndFriends(t *testing.T) {
 		t.Fatalf("acquire: %d %v", status, out)
 	}
 	status, out = do(t, "POST", ts.URL+"/v1/acquire", `{"rule":"conc","key":"k"}`)
-	if status != 200 || out["allowed"] != false || out["lease_id"] != "" {
-		t.Fatalf("second acquire at limit 1: %d %v", status, out)
+	if status != 200 || out["allowed"] != false || out["lease_id"] != "" || out["reason"] != "limit" ||
+		out["remaining"].(float64) != 0 || out["retry_after_ms"].(float64) != 60000 {
+		t.Fatalf("second acquire at limit 1: %d %v; want denied by the limit, retry after the lease TTL", status, out)
 	}
 	status, out = do(t, "POST", ts.URL+"/v1/renew", `{"lease_id":"`+id+`"}`)
 	if status != 200 || out["ttl_ms"].(float64) != 60000 {
@@ -229,6 +237,12 @@ func TestAllowAndFriends(t *testing.T) {
 	status, _ = do(t, "POST", ts.URL+"/v1/release", `{"lease_id":"`+id+`"}`)
 	if status != 404 {
 		t.Fatalf("second release: %d, want 404", status)
+	}
+	for _, bad := range []string{"garbage", "a~0~1", "a~1", "a~1~x!"} {
+		status, out = do(t, "POST", ts.URL+"/v1/renew", `{"lease_id":"`+bad+`"}`)
+		if status != 400 || !strings.HasPrefix(out["error"].(string), "lease_id: malformed lease ID") {
+			t.Errorf("renew %q: %d %v, want 400 naming lease_id", bad, status, out)
+		}
 	}
 	status, out = do(t, "GET", ts.URL+"/healthz", "")
 	if status != 200 || out["state"] != "ready" {

@@ -21,15 +21,20 @@ type AllowRequest struct {
 	Class string  `json:"class,omitempty"`
 }
 
-// AllowResponse is the answer to one check. RetryAfterMs is 0 when
-// allowed, and −1 when the cost exceeds the limit and can never be
-// admitted.
+// AllowResponse is the answer to one check. Remaining is what a retry can
+// expect: the global remaining after this request when allowed, 0 when
+// denied (but for reason "cost"). RetryAfterMs is 0 when allowed, −1 when
+// the cost exceeds the limit and can never be admitted. Reason says why
+// (limiter.Reason's names): admitted, unlimited, limit, share, cost,
+// key_cap, joining or suppressed; a shadow rule's admission carries the
+// reason it would have been denied for.
 type AllowResponse struct {
 	Allowed      bool   `json:"allowed"`
 	Limit        uint64 `json:"limit"`
 	Remaining    uint64 `json:"remaining"`
 	ResetAfterMs int64  `json:"reset_after_ms"`
 	RetryAfterMs int64  `json:"retry_after_ms"`
+	Reason       string `json:"reason"`
 }
 
 // MultiAllowRequest is the all-or-nothing form of POST /v1/allow: admitted
@@ -61,13 +66,17 @@ type AcquireRequest struct {
 }
 
 // AcquireResponse answers an AcquireRequest. LeaseID and TTLMs are set
-// when Allowed.
+// when Allowed; a denial carries RetryAfterMs, the earliest moment a retry
+// could succeed as the node estimates it (at most the lease TTL, when a
+// lease must end first). Remaining and Reason are AllowResponse's.
 type AcquireResponse struct {
-	Allowed   bool   `json:"allowed"`
-	LeaseID   string `json:"lease_id"`
-	Limit     uint64 `json:"limit"`
-	Remaining uint64 `json:"remaining"`
-	TTLMs     int64  `json:"ttl_ms"`
+	Allowed      bool   `json:"allowed"`
+	LeaseID      string `json:"lease_id"`
+	Limit        uint64 `json:"limit"`
+	Remaining    uint64 `json:"remaining"`
+	TTLMs        int64  `json:"ttl_ms"`
+	RetryAfterMs int64  `json:"retry_after_ms"`
+	Reason       string `json:"reason"`
 }
 
 // RenewRequest is the body of POST /v1/renew.
@@ -125,9 +134,9 @@ type PeersResponse struct {
 	Peers []PeerJSON `json:"peers"`
 }
 
-// ErrorResponse is the body of every 4xx answer. Error names the field
-// at fault; Owner names the owning peer when a lease belongs to another
-// node (404 from /v1/renew and /v1/release).
+// ErrorResponse is the body of every 4xx and 5xx answer. Error names the
+// field at fault; Owner names the lease's owning peer on a 404 or 503 from
+// /v1/renew and /v1/release that concerns it.
 type ErrorResponse struct {
 	Error string `json:"error"`
 	Owner string `json:"owner,omitempty"`

@@ -9,22 +9,27 @@ import (
 // exceeds the key's limit.
 const Never time.Duration = -1
 
-// Reason says why a decision came out as it did; it feeds metrics.
+// Reason says why a decision came out as it did. Its String is the
+// lower-case name the HTTP API answers as "reason" and metrics count by.
 type Reason uint8
 
 // The reasons.
 const (
-	ReasonAdmitted  Reason = iota // within the share
-	ReasonLimit                   // the global limit is reached
-	ReasonShare                   // global room exists, but not within this member's share yet
-	ReasonCost                    // the cost exceeds the limit: never admissible
-	ReasonKeyCap                  // a new key at max_keys with every key active
-	ReasonJoining                 // the member has not joined the mesh yet
-	ReasonUnlimited               // an unlimited class: admitted, counted
-	ReasonFenced                  // strict policy: this member's side of a partition holds no majority
+	ReasonAdmitted   Reason = iota // within the share
+	ReasonLimit                    // the global limit is reached
+	ReasonShare                    // global room exists, but not within this member's share yet
+	ReasonCost                     // the cost exceeds the limit: never admissible
+	ReasonKeyCap                   // a new key at max_keys with every key active
+	ReasonJoining                  // the member has not joined the mesh yet
+	ReasonUnlimited                // an unlimited class: admitted, counted
+	ReasonSuppressed               // mode suppress: the key's demand is over its limit and this request fell outside the admitted fraction
+	ReasonFenced                   // strict policy: this member's side of a partition holds no majority
 )
 
-var reasonNames = [...]string{"admitted", "limit", "share", "cost", "key_cap", "joining", "unlimited", "fenced"}
+// NumReasons is the number of reasons: every Reason is below it.
+const NumReasons = int(ReasonFenced) + 1
+
+var reasonNames = [NumReasons]string{"admitted", "limit", "share", "cost", "key_cap", "joining", "unlimited", "suppressed", "fenced"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
@@ -39,8 +44,11 @@ type Decision struct {
 	// Limit is the key's limit after override and class multiplier,
 	// before any partition scaling.
 	Limit uint64
-	// Remaining is the global remaining as this member sees it,
-	// max(0, limit − merged usage), after this request.
+	// Remaining is what a retry can expect: when allowed, the global
+	// remaining as this member sees it, max(0, limit − merged usage),
+	// after this request; when denied, 0 (the member cannot admit the
+	// request now), except for ReasonCost, where it stays the global
+	// remaining (smaller requests may pass; this one never will).
 	Remaining uint64
 	// ResetAfter is the time until the current window ends (0 for
 	// concurrency).
@@ -223,6 +231,7 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 		if r.Mode == Suppress {
 			thin = suppression(L, c, u, pos.elapsed)
 		}
+		suppressed := false
 		switch {
 		case cost == 0:
 			d.Allowed = share > 0
@@ -231,7 +240,10 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 			// thinning divides the limit by demand, so the share is not
 			// consulted; in a flood's first window the share still
 			// applies, as in mode reject. The limit always caps.
-			d.Allowed = room && (float64(u.PrevAttempted) > L || share >= c) && lot.thin(env, thin)
+			if room && (float64(u.PrevAttempted) > L || share >= c) {
+				d.Allowed = lot.thin(env, thin)
+				suppressed = !d.Allowed
+			}
 		case share >= c:
 			d.Allowed = true
 		case share > 0 && room:
@@ -242,6 +254,8 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 		}
 		if d.Allowed {
 			d.Reason = ReasonAdmitted
+		} else if suppressed {
+			d.Reason = ReasonSuppressed
 		} else if room {
 			d.Reason = ReasonShare
 		} else {
@@ -253,6 +267,9 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 		if r.Shadow {
 			d.Allowed, d.Shadow = true, true
 		}
+	}
+	if !d.Allowed && d.Reason != ReasonCost {
+		return // Remaining 0: a retry now would be denied too
 	}
 	after := used
 	if d.Allowed {
@@ -267,7 +284,7 @@ func (r *Rule) retryAfter(limit, cost uint64, u Usage, env Env, reason Reason) t
 	switch reason {
 	case ReasonCost:
 		return Never
-	case ReasonShare:
+	case ReasonShare, ReasonSuppressed:
 		return ceilMs(env.AckDelay)
 	}
 	// A denied peek waits, like a request of one credit, for room.

@@ -138,10 +138,10 @@ type ownWindow struct {
 func (l *Limiter) decide(d *Decision, ch *Check, s *crdt.Series, env *Env) ownWindow {
 	idx, pos := l.window(env.NowMs)
 	if s == nil && ch.Cost > 0 && l.set.Len() >= l.rule.MaxKeys {
-		// Decided as a peek: nothing is consumed, so Remaining stays the
-		// whole limit.
+		// Decided as a peek for the window's position; denied, so a
+		// retry can expect nothing before the window ends.
 		l.rule.decide(d, ch.Limit, 0, &Usage{}, env, &lottery{}, pos)
-		d.Allowed, d.Shadow, d.Reason = false, false, ReasonKeyCap
+		d.Allowed, d.Shadow, d.Reason, d.Remaining = false, false, ReasonKeyCap, 0
 		d.RetryAfter = d.ResetAfter
 		return ownWindow{}
 	}
@@ -219,6 +219,35 @@ func (l *Limiter) record(ch *Check, own ownWindow, admitted bool, nowMs int64) {
 	}
 	l.c.MarkDirty(w)
 }
+
+// RecordRetry counts ch decided again at nowMs after an earlier decision
+// of it, denied and recorded in the window with index counted, was held
+// (package node's share_wait): within that window its attempt is already
+// counted, so only an admission adds (admitted credits, and attempted ones
+// raised to match should they lag); in a later window it counts as a new
+// attempt there, like Record. It returns the index of the window the
+// request's attempt now counts in.
+func (l *Limiter) RecordRetry(ch Check, admitted bool, nowMs, counted int64) int64 {
+	idx := floorDiv(nowMs, l.windowMs)
+	if idx != counted {
+		l.record(&ch, ownWindow{}, admitted, nowMs)
+		return idx
+	}
+	if !admitted || ch.Cost == 0 {
+		return idx
+	}
+	w := l.set.Ensure(ch.Key).EnsureWindow(l.windowMs, idx)
+	w.Admitted.Add(l.self, ch.Cost)
+	if adm := w.Admitted.Get(l.self); w.Attempted.Get(l.self) < adm {
+		w.Attempted.Raise(l.self, adm)
+	}
+	l.c.MarkDirty(w)
+	return idx
+}
+
+// WindowIndex returns the index of the window containing mesh time nowMs
+// (0 for a concurrency rule).
+func (l *Limiter) WindowIndex(nowMs int64) int64 { return floorDiv(nowMs, l.windowMs) }
 
 // Allow resolves, decides and records one request. A denial is a Decision
 // with Allowed false, not an error; errors are for bad requests.
@@ -387,6 +416,19 @@ func unacked(own, acked uint64) uint64 {
 // first admission was taken from. Draws drawn independently per member
 // overshot a small limit whenever two members won the same last unit.
 func (l *Limiter) draw(key string, env *Env) float64 {
+	u := l.drawStart(key, env)
+	n := env.members()
+	rank := min(max(env.Rank, 0), int(n)-1)
+	v := u + float64(rank)/n
+	if v >= 1 {
+		v--
+	}
+	return v
+}
+
+// drawStart returns U, the start of the stratified sample of draws for key
+// at env.NowMs: every member computes the same.
+func (l *Limiter) drawStart(key string, env *Env) float64 {
 	per := l.windowMs
 	if per <= 0 {
 		per = leaseEpochMs(env)
@@ -402,14 +444,64 @@ func (l *Limiter) draw(key string, env *Env) float64 {
 	h ^= h >> 27
 	h *= 0x94d049bb133111eb
 	h ^= h >> 31
-	u := float64(h>>11) / (1 << 53)
-	n := env.members()
-	rank := min(max(env.Rank, 0), int(n)-1)
-	v := u + float64(rank)/n
-	if v >= 1 {
-		v--
+	return float64(h>>11) / (1 << 53)
+}
+
+// LotteryWinners returns the ranks of the other members whose lottery
+// draws admit ch as this member sees the key's usage, nearest after
+// env.Rank first, when this member's own share of ch is fractional
+// (positive, below the cost) and its own draw refuses it: a request this
+// member's draw refuses
+// although the limit has room for it, such as an idle key's first request
+// under a limit below N. It returns nil when the lottery does not decide ch
+// here: no room, a whole or empty share, an unlimited class or a peek, and
+// for rules whose shares the equal lottery alone does not set (mode
+// suppress, share demand, pace). live reports which lease slots count
+// (concurrency rules; nil for windowed ones).
+//
+// Each other member's share is estimated as (L − M)/N, M the merged usage
+// this member sees, its own unacknowledged usage assumed acknowledged:
+// only a guess at who would admit. Package node hands such a request to
+// one of them, whose own decision is what counts, so the guess never
+// admits anything beyond that member's share.
+func (l *Limiter) LotteryWinners(ch Check, env Env, live func(crdt.SlotID) bool) []int {
+	r := &l.rule
+	if ch.Unlimited || ch.Cost == 0 || ch.Cost > ch.Limit || r.Mode != Reject || r.Share != Equal || r.Pace {
+		return nil
 	}
-	return v
+	var u Usage
+	var used, unacked float64
+	if r.Algorithm == Concurrency {
+		u = l.LeaseUsage(ch.Key, live)
+		used, unacked = float64(u.Cur), float64(u.CurUnacked)
+	} else {
+		idx, pos := l.window(env.NowMs)
+		l.usageAt(&u, l.set.Series(ch.Key), idx)
+		used, unacked = u.weighted(r.Algorithm, pos.elapsed)
+	}
+	L, c, n := float64(ch.Limit)*env.scale(), float64(ch.Cost), env.members()
+	own := (L-(used-unacked))/n - unacked
+	if used+c > L || own <= 0 || own >= c || n < 2 {
+		return nil
+	}
+	other := (L - used) / n
+	start := l.drawStart(ch.Key, &env)
+	rank := min(max(env.Rank, 0), int(n)-1)
+	if v := start + float64(rank)/n; v < own/c || v-1 >= 0 && v-1 < own/c {
+		return nil // this member's own draw admits (once a lease epoch's guard opens)
+	}
+	var out []int
+	for k := 1; k < int(n); k++ {
+		j := (rank + k) % int(n)
+		v := start + float64(j)/n
+		if v >= 1 {
+			v--
+		}
+		if other >= c || v < other/c {
+			out = append(out, j)
+		}
+	}
+	return out
 }
 
 func floorDiv(a, b int64) int64 {

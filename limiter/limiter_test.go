@@ -163,8 +163,8 @@ func TestAllowTypedCost(t *testing.T) {
 		t.Errorf("admitted %d credits, want 63", w.Admitted.Value())
 	}
 	d := allow(t, l, "k", Request{Type: "publish", Units: 2}, env) // 60 more does not fit
-	if d.Allowed || d.Remaining != 37 {
-		t.Errorf("third: %+v, want denied with 37 remaining", d)
+	if d.Allowed || d.Remaining != 0 || d.Reason != ReasonLimit {
+		t.Errorf("third: %+v, want denied by the limit with 0 remaining (37 credits are left, not 60)", d)
 	}
 	if w.Admitted.Value() != 63 || w.Attempted.Value() != 123 {
 		t.Errorf("admitted %d attempted %d, want 63 and 123", w.Admitted.Value(), w.Attempted.Value())
@@ -319,7 +319,7 @@ func TestAllowMaxKeys(t *testing.T) {
 		}
 	}
 	d := allow(t, l, "c", Request{}, env)
-	want := Decision{Limit: 10, Remaining: 10, ResetAfter: 750 * time.Millisecond, RetryAfter: 750 * time.Millisecond, Reason: ReasonKeyCap}
+	want := Decision{Limit: 10, Remaining: 0, ResetAfter: 750 * time.Millisecond, RetryAfter: 750 * time.Millisecond, Reason: ReasonKeyCap}
 	if d != want {
 		t.Errorf("new key at the cap: %+v, want %+v", d, want)
 	}

@@ -145,6 +145,45 @@ type Rule struct {
 	Interval   time.Duration
 	Initial    uint64
 	HasInitial bool
+
+	// ShareWait bounds how long package node holds a request that only
+	// this member's share refuses (ReasonShare: the key's limit has room
+	// as the member sees it), deciding it again as acknowledgements
+	// return, before it answers the denial. 0 means the default,
+	// ShareWaitFor's multiple of the acknowledgement delay; NoShareWait
+	// refuses at once. At most MaxShareWait.
+	ShareWait time.Duration
+}
+
+// Bounds of Rule.ShareWait.
+const (
+	// NoShareWait is the ShareWait of a rule that refuses a share denial
+	// at once (share_wait: 0 in a config file).
+	NoShareWait time.Duration = -1
+	// MaxShareWait is the longest ShareWait accepted: acknowledgements
+	// that take longer mean a partition, which waiting does not mend.
+	MaxShareWait = time.Second
+	// DefaultShareWaitMax caps the default ShareWait.
+	DefaultShareWaitMax = 250 * time.Millisecond
+	// shareWaitAcks is the default ShareWait in acknowledgement delays:
+	// an acknowledgement takes up to a sync interval to go out, one to
+	// come back and one to be applied (1.5 acknowledgement delays), and
+	// more on a loaded host.
+	shareWaitAcks = 5
+)
+
+// ShareWaitFor returns how long a request refused by the share is held
+// under this rule, for a member whose acknowledgement delay is ackDelay:
+// ShareWait when set, 0 for NoShareWait, otherwise min(5 × ackDelay,
+// DefaultShareWaitMax) — 200 ms at the default 20 ms sync interval.
+func (r *Rule) ShareWaitFor(ackDelay time.Duration) time.Duration {
+	switch {
+	case r.ShareWait == NoShareWait:
+		return 0
+	case r.ShareWait > 0:
+		return r.ShareWait
+	}
+	return min(shareWaitAcks*ackDelay, DefaultShareWaitMax)
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]*$`)
@@ -315,6 +354,12 @@ func (r *Rule) Validate() error {
 	}
 	if r.MaxKeys < 0 {
 		return bad("max_keys", "must not be negative")
+	}
+	switch {
+	case r.ShareWait < 0 && r.ShareWait != NoShareWait:
+		return bad("share_wait", "must not be negative (0 refuses at once)")
+	case r.ShareWait > MaxShareWait:
+		return bad("share_wait", "%v is over the maximum %v", r.ShareWait, MaxShareWait)
 	}
 	return nil
 }
@@ -491,6 +536,12 @@ func (r *Rule) Hash() uint64 {
 	}
 	for _, k := range sortedKeys(r.Overrides) {
 		fmt.Fprintf(&b, "|o%q=%d", k, r.Overrides[k])
+	}
+	if r.ShareWait != 0 {
+		// Only when set, so that rules without it keep the hash they
+		// had before the field existed (a rolling upgrade shows no
+		// mismatch).
+		fmt.Fprintf(&b, "|sw=%d", r.ShareWait)
 	}
 	return fnv64(b.String())
 }

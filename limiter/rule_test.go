@@ -100,6 +100,8 @@ func TestNormalizeErrors(t *testing.T) {
 		{"override limit over max", func(r *Rule) { r.Overrides["k"] = MaxLimit + 1 }, "api", `overrides["k"]`, ErrInvalidRule},
 		{"override scaled by a class over max", func(r *Rule) { r.Overrides["k"] = MaxLimit / 2 }, "api", `overrides["k"]`, ErrInvalidRule},
 		{"max_keys negative", func(r *Rule) { r.MaxKeys = -1 }, "api", "max_keys", ErrInvalidRule},
+		{"share_wait negative", func(r *Rule) { r.ShareWait = -2 * time.Millisecond }, "api", "share_wait", ErrInvalidRule},
+		{"share_wait over max", func(r *Rule) { r.ShareWait = MaxShareWait + time.Millisecond }, "api", "share_wait", ErrInvalidRule},
 		{"mode suppress on concurrency", func(r *Rule) {
 			r.Algorithm, r.Window, r.Costs, r.Mode = Concurrency, 0, nil, Suppress
 		}, "api", "mode", ErrInvalidRule},
@@ -375,6 +377,8 @@ func TestHash(t *testing.T) {
 		{"override limit", func(r *Rule) { r.Overrides["acct:42"] = 5001 }},
 		{"override key", func(r *Rule) { r.Overrides["acct:43"] = r.Overrides["acct:42"]; delete(r.Overrides, "acct:42") }},
 		{"override removed", func(r *Rule) { r.Overrides = nil }},
+		{"share_wait", func(r *Rule) { r.ShareWait = 100 * time.Millisecond }},
+		{"share_wait none", func(r *Rule) { r.ShareWait = NoShareWait }},
 	}
 	seen := map[uint64]string{h: "base"}
 	for _, m := range muts {
@@ -420,6 +424,40 @@ func TestHashRules(t *testing.T) {
 	for name, rs := range others {
 		if HashRules(rs) == abc {
 			t.Errorf("HashRules(%s) equals the hash of {a, b, c}", name)
+		}
+	}
+}
+
+// TestHashWithoutShareWait: a rule that leaves share_wait unset hashes as
+// it did before the field existed, so members of two versions running the
+// same rules see no mismatch. The constant is validRule's hash at the
+// commit before share_wait (fdd4fa5).
+func TestHashWithoutShareWait(t *testing.T) {
+	r := validRule()
+	if err := r.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.Hash(), uint64(0x9757bd6334ec3789); got != want {
+		t.Errorf("Hash = %#x, want the former %#x", got, want)
+	}
+}
+
+func TestShareWaitFor(t *testing.T) {
+	ack := 40 * time.Millisecond
+	tests := []struct {
+		set, ack, want time.Duration
+	}{
+		{0, ack, 200 * time.Millisecond},                 // the default: 5 acknowledgement delays
+		{0, 100 * time.Millisecond, DefaultShareWaitMax}, // capped at 250 ms
+		{0, 0, 0},
+		{NoShareWait, ack, 0},
+		{30 * time.Millisecond, ack, 30 * time.Millisecond},
+		{MaxShareWait, ack, MaxShareWait},
+	}
+	for _, tt := range tests {
+		r := Rule{ShareWait: tt.set}
+		if got := r.ShareWaitFor(tt.ack); got != tt.want {
+			t.Errorf("ShareWait %v, ack delay %v: ShareWaitFor = %v, want %v", tt.set, tt.ack, got, tt.want)
 		}
 	}
 }

@@ -71,7 +71,7 @@ func suppressRule(t testing.TB, alg Algorithm, limit uint64) Rule {
 
 // TestDecideSuppress is the pure decision: over the limit, admit iff the
 // draw is below the fraction (Limiter uses its accumulator instead),
-// denied with ReasonShare; the limit still caps; within the limit, mode
+// denied with ReasonSuppressed; the limit still caps; within the limit, mode
 // suppress decides like reject.
 func TestDecideSuppress(t *testing.T) {
 	fixed := suppressRule(t, FixedWindow, 100)
@@ -84,7 +84,7 @@ func TestDecideSuppress(t *testing.T) {
 		reason  Reason
 	}{
 		{"flood, draw below 1/4", Usage{Cur: 50, PrevAttempted: 400, CurAttempted: 150}, 0.24, true, ReasonAdmitted},
-		{"flood, draw above 1/4", Usage{Cur: 50, PrevAttempted: 400, CurAttempted: 150}, 0.26, false, ReasonShare},
+		{"flood, draw above 1/4", Usage{Cur: 50, PrevAttempted: 400, CurAttempted: 150}, 0.26, false, ReasonSuppressed},
 		// Thinning ignores the share: u = 40 unacknowledged is far over
 		// 1/5 of the headroom, but the fraction divides by demand.
 		{"flood ignores the share", Usage{Cur: 50, CurUnacked: 40, PrevAttempted: 400, CurAttempted: 150}, 0.1, true, ReasonAdmitted},

@@ -81,6 +81,10 @@ type Mesh struct {
 
 	logGate atomic.Int64 // unix nanos before which rejections are not logged
 	st      counters
+
+	// fwdHandler serves the forward stream (forward.go): the handler,
+	// when it implements node.ForwardHandler. Set once by Start.
+	fwdHandler node.ForwardHandler
 }
 
 var _ node.Transport = (*Mesh)(nil)
@@ -283,6 +287,10 @@ func (m *Mesh) start(h node.Handler) (*sync.WaitGroup, error) {
 	}
 	m.handler, m.ps, m.topic, m.sub, m.started = h, ps, topic, sub, true
 	m.h.SetStreamHandler(m.syncProto, m.handleSync)
+	if fh, ok := h.(node.ForwardHandler); ok {
+		m.fwdHandler = fh
+		m.h.SetStreamHandler(m.ForwardProtocol(), m.handleForward)
+	}
 
 	// PeerConnected waits for identify, so it only fires for peers that
 	// speak our sync protocol over a connection that held.
@@ -483,6 +491,7 @@ func (m *Mesh) Close() error {
 		m.deliver.Unlock()
 
 		m.h.RemoveStreamHandler(m.syncProto)
+		m.h.RemoveStreamHandler(m.ForwardProtocol())
 		if nb != nil {
 			m.h.Network().StopNotify(nb)
 		}

@@ -275,9 +275,35 @@ func (t *tally) windows(from, to time.Time) (idx []int64, admitted []uint64) {
 
 // offer sends rate requests per second of (rule, key) to n until stop
 // closes, spread uniformly (as many as are due every millisecond), and
-// records each decision in tl in the window it counted in (addDecision). Errors go to errs.
+// records each decision in tl in the window it counted in (addDecision).
+// Errors go to errs. The requests come from offerClients concurrent
+// clients, as a service's would: a request the node holds for its share
+// (share_wait) delays only its own client. Requests due while every
+// client is busy and the queue is full are not sent.
 func offer(n *node.Node, clock func() time.Time, rule, key string, rate float64, tl *tally, stop <-chan struct{}, errs chan<- error) {
 	ctx := context.Background()
+	due := make(chan struct{}, offerQueue)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(due)
+	for range offerClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range due {
+				at := clock()
+				d, err := n.Allow(ctx, rule, key)
+				if err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+				tl.addDecision(at, d)
+			}
+		}()
+	}
 	start := time.Now()
 	issued := 0
 	tick := time.NewTicker(time.Millisecond)
@@ -288,21 +314,20 @@ func offer(n *node.Node, clock func() time.Time, rule, key string, rate float64,
 			return
 		case <-tick.C:
 		}
-		due := int(time.Since(start).Seconds() * rate)
-		for ; issued < due; issued++ {
-			at := clock()
-			d, err := n.Allow(ctx, rule, key)
-			if err != nil {
-				select {
-				case errs <- err:
-				default:
-				}
-				return
+		for target := int(time.Since(start).Seconds() * rate); issued < target; issued++ {
+			select {
+			case due <- struct{}{}:
+			default: // every client busy and the queue full: dropped
 			}
-			tl.addDecision(at, d)
 		}
 	}
 }
+
+// offerClients and offerQueue shape offer's concurrent clients.
+const (
+	offerClients = 16
+	offerQueue   = 256
+)
 
 func fixedRule(name string, limit uint64, w time.Duration) limiter.Rule {
 	return limiter.Rule{Name: name, Algorithm: limiter.FixedWindow, Limit: limit, Window: w}

@@ -80,7 +80,7 @@ type Stats struct {
 	KeysCollected uint64
 	// Decisions by limiter.Reason; Shadowed counts denials turned into
 	// admissions by shadow mode.
-	Decisions [8]uint64
+	Decisions [limiter.NumReasons]uint64
 	Shadowed  uint64
 	// Persistence (see Persister): flushes written, entries (window
 	// records and leases) they carried, and flushes that failed.
@@ -388,7 +388,7 @@ func (c *Core) count(d *limiter.Decision) {
 // after a heartbeat, within which a healed partition shows.
 func (c *Core) gate(l *limiter.Limiter, ch limiter.Check, now time.Time, env limiter.Env) limiter.Decision {
 	d := l.Rule().Decide(ch.Limit, 0, limiter.Usage{}, env, 0)
-	d.Allowed, d.Shadow = false, false
+	d.Allowed, d.Shadow, d.Remaining = false, false, 0
 	if !c.joined {
 		d.Reason = limiter.ReasonJoining
 		d.RetryAfter = max(c.cfg.JoinTimeout-now.Sub(c.started), time.Millisecond)
@@ -432,6 +432,13 @@ type Check struct {
 // passes, and consumes nothing when any fails (the attempts still count as
 // demand). The decisions come back in the order of checks.
 func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limiter.Decision, err error) {
+	return c.allowAll(now, checks, nil)
+}
+
+// allowAll is AllowAll; with counted set it decides held checks again,
+// counted[i] the window check i's attempt counts in (see
+// limiter.Limiter.RecordRetry), and counts only admissions in the stats.
+func (c *Core) allowAll(now time.Time, checks []Check, counted []int64) (allowed bool, ds []limiter.Decision, err error) {
 	ls := make([]*limiter.Limiter, len(checks))
 	chs := make([]limiter.Check, len(checks))
 	for i, ck := range checks {
@@ -454,7 +461,9 @@ func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limit
 				c.applyHold(ls[i], &e)
 			}
 			ds[i] = ls[i].Decide(chs[i], e)
-			c.count(&ds[i])
+			if counted == nil {
+				c.count(&ds[i])
+			}
 		}
 		allowed = allowed && ds[i].Allowed
 	}
@@ -462,8 +471,15 @@ func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limit
 		return false, ds, nil
 	}
 	for i := range checks {
-		if ds[i].Reason != limiter.ReasonKeyCap {
+		switch {
+		case ds[i].Reason == limiter.ReasonKeyCap:
+		case counted == nil:
 			ls[i].Record(chs[i], allowed, env.NowMs)
+		default:
+			counted[i] = ls[i].RecordRetry(chs[i], allowed, env.NowMs, counted[i])
+			if allowed {
+				c.count(&ds[i])
+			}
 		}
 		if !allowed && ds[i].Allowed {
 			// It would have passed alone; as part of the whole it did not.

@@ -97,12 +97,13 @@ func ExampleNode_AllowAll() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Printf("cost %d: allowed=%t remaining=%d,%d\n", cost, ok, ds[0].Remaining, ds[1].Remaining)
+		fmt.Printf("cost %d: allowed=%t remaining=%d,%d reasons=%s,%s\n", cost, ok, ds[0].Remaining, ds[1].Remaining, ds[0].Reason, ds[1].Reason)
 	}
+	// A denial's Remaining is what a retry can expect now: nothing.
 	// Output:
-	// cost 5: allowed=true remaining=5,7
-	// cost 8: allowed=false remaining=5,7
-	// cost 5: allowed=true remaining=0,2
+	// cost 5: allowed=true remaining=5,7 reasons=admitted,admitted
+	// cost 8: allowed=false remaining=0,0 reasons=limit,limit
+	// cost 5: allowed=true remaining=0,2 reasons=admitted,admitted
 }
 
 // Wait blocks until admitted, or returns the denial at once when the

@@ -181,6 +181,13 @@ type Node struct {
 	persist *persistence // the Store's side: see runtime_persist.go
 
 	answers sync.WaitGroup // anti-entropy answers in flight (see answer)
+
+	// Held requests and forwarding: see hold.go and forward.go.
+	waiters []*waiter           // guarded by mu, oldest first
+	fwd     Forwarder           // the Transport's, or nil
+	fwdBusy map[string]struct{} // guarded by mu: rules and keys with a lottery forward under way
+
+	held, heldAdmitted, heldDenied, forwards atomic.Uint64 // HoldStats
 }
 
 // Start starts a member: it takes the incarnation max(persisted + 1, unix
@@ -232,7 +239,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		cancel:   cancel,
 		readyCh:  make(chan struct{}),
 		persist:  pers,
+		fwdBusy:  make(map[string]struct{}),
 	}
+	n.fwd, _ = cfg.Transport.(Forwarder)
 	if err := cfg.Transport.Start(ctx, handler{n}); err != nil {
 		cancel()
 		_ = cfg.Transport.Close()
@@ -465,6 +474,9 @@ func (n *Node) tick() time.Duration {
 	now := n.readClock()
 	n.retune(now)
 	rd := n.core.Tick(now)
+	if len(n.waiters) > 0 {
+		n.wake(now) // acknowledgements applied, leases expired, windows turned: decide held requests again
+	}
 	next := n.core.NextTick().Sub(now)
 	skewed, offset := n.core.SkewExceeded(), n.core.Offset()
 	n.noteHealth()
@@ -581,8 +593,14 @@ func (n *Node) ReadyC() <-chan struct{} { return n.readyCh }
 // counts it. opts may set Cost, Type and Class. A denial is a Decision
 // with Allowed false, not an error; errors are for bad requests and wrap
 // ErrUnknownRule, limiter.ErrBadKey, limiter.ErrUnknownClass and the like,
-// or ErrClosed. Allow never blocks on the network: it takes the node's
-// mutex and decides in the caller's goroutine.
+// or ErrClosed. Allow takes the node's mutex and decides in the caller's
+// goroutine. A request the limit has room for but this member's share
+// does not (limiter.ReasonShare) is held for at most the rule's
+// share_wait, and never past ctx, while acknowledgements return, and
+// decided again (see limiter.Rule.ShareWait); when the share is a fraction
+// of the request, it may be decided by a member whose lottery draw admits
+// it instead (over a Transport that implements Forwarder). If ctx ends
+// while the request is held, Allow returns the denial and ctx's error.
 func (n *Node) Allow(ctx context.Context, rule, key string, opts ...Option) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
@@ -600,15 +618,21 @@ func (n *Node) Allow(ctx context.Context, rule, key string, opts ...Option) (Dec
 		return Decision{}, ErrClosed
 	}
 	var d Decision
-	err := n.core.allowInto(&d, n.decisionTime(), rule, key, &req)
+	now := n.decisionTime()
+	err := n.core.allowInto(&d, now, rule, key, &req)
 	n.mu.Unlock()
+	if d.Reason == limiter.ReasonShare && !d.Allowed {
+		return n.holdAllow(ctx, d, now, rule, key, req, -1, true)
+	}
 	return d, err
 }
 
 // AllowAll decides several checks as one — per second and per hour, say:
 // it admits only if every check passes and consumes nothing when any
 // fails. Build checks with NewCheck. The decisions come back in the order
-// of the checks.
+// of the checks. A denial that only shares cause (no check refused by its
+// limit, cost or key cap) is held like Allow's, for at most the least
+// share_wait of those checks' rules, and decided again as a whole.
 func (n *Node) AllowAll(ctx context.Context, checks ...Check) (allowed bool, ds []Decision, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, nil, err
@@ -619,11 +643,17 @@ func (n *Node) AllowAll(ctx context.Context, checks ...Check) (allowed bool, ds 
 		}
 	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.closed {
+		n.mu.Unlock()
 		return false, nil, ErrClosed
 	}
-	return n.core.AllowAll(n.decisionTime(), checks)
+	now := n.decisionTime()
+	allowed, ds, err = n.core.AllowAll(now, checks)
+	n.mu.Unlock()
+	if err == nil && !allowed && shareOnly(ds) {
+		return n.holdAll(ctx, now, checks, ds)
+	}
+	return allowed, ds, err
 }
 
 // Wait decides like Allow, and while denied sleeps until the earliest
@@ -719,9 +749,13 @@ func (l *LeaseHandle) Release(ctx context.Context) error { return l.n.Release(ct
 
 // Acquire admits one more concurrent lease of a concurrency rule's key iff
 // the mesh's live leases plus the projection stay within the limit, and
-// returns the lease, owned by this member and expiring after the rule's
-// lease_ttl unless renewed. opts may set Class. A denial is a nil lease
-// and a Decision with Allowed false, not an error.
+// returns the lease, expiring after the rule's lease_ttl unless renewed.
+// opts may set Class. A denial is a nil lease and a Decision with Allowed
+// false, not an error. A share denial is held like Allow's; when this
+// member's share is a fraction of a lease and its lottery draw refuses it,
+// the lease may be granted by a member whose draw admits it (over a
+// Transport that implements Forwarder): its ID then names that member as
+// the owner, and Renew and Release at any member reach it.
 func (n *Node) Acquire(ctx context.Context, rule, key string, opts ...Option) (*LeaseHandle, Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, Decision{}, err
@@ -730,29 +764,40 @@ func (n *Node) Acquire(ctx context.Context, rule, key string, opts ...Option) (*
 	if err != nil {
 		return nil, Decision{}, err
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed {
-		return nil, Decision{}, ErrClosed
-	}
-	ls, d, err := n.core.Acquire(n.decisionTime(), rule, key, req.Class)
-	if err != nil || !d.Allowed {
-		return nil, d, err
-	}
-	h := &LeaseHandle{ID: ls.ID, Rule: ls.Rule, Key: ls.Key, n: n}
-	h.expires.Store(ls.Expires.UnixNano())
-	return h, d, nil
+	return n.acquireHeld(ctx, rule, key, req.Class, -1, true)
 }
 
 // Renew extends the lease id by its rule's lease_ttl from now and returns
-// the TTL. A lease another member owns gives a *NotOwnerError naming the
-// owner; an unknown or expired one ErrUnknownLease.
+// the TTL. A lease another member owns is renewed at its owner when the
+// Transport implements Forwarder (ErrOwnerUnreachable when the owner is
+// live but does not answer), and gives a *NotOwnerError naming the owner
+// otherwise. An unknown or expired lease, or one whose owner is no live
+// member, gives ErrUnknownLease; a malformed ID ErrBadLease.
 func (n *Node) Renew(ctx context.Context, id string) (time.Duration, error) {
 	ttl, _, err := n.renew(ctx, id)
 	return ttl, err
 }
 
 func (n *Node) renew(ctx context.Context, id string) (time.Duration, time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, time.Time{}, err
+	}
+	owner, local, err := n.leaseOwner(id)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if local {
+		return n.renewLocal(ctx, id)
+	}
+	resp, err := n.forwardLease(ctx, owner, &ForwardRequest{Op: ForwardRenew, LeaseID: id})
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	return resp.TTL, time.Now().Add(resp.TTL), nil
+}
+
+// renewLocal renews a lease at this member, which must own it.
+func (n *Node) renewLocal(ctx context.Context, id string) (time.Duration, time.Time, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, time.Time{}, err
 	}
@@ -766,10 +811,25 @@ func (n *Node) renew(ctx context.Context, id string) (time.Duration, time.Time, 
 	return ttl, now.Add(ttl), err
 }
 
-// Release ends the lease id. A lease another member owns gives a
-// *NotOwnerError naming the owner; an unknown or expired one
-// ErrUnknownLease.
+// Release ends the lease id; another member's lease is released at its
+// owner, with Renew's errors.
 func (n *Node) Release(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	owner, local, err := n.leaseOwner(id)
+	if err != nil {
+		return err
+	}
+	if local {
+		return n.releaseLocal(ctx, id)
+	}
+	_, err = n.forwardLease(ctx, owner, &ForwardRequest{Op: ForwardRelease, LeaseID: id})
+	return err
+}
+
+// releaseLocal releases a lease at this member, which must own it.
+func (n *Node) releaseLocal(ctx context.Context, id string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -93,6 +93,7 @@ type allowCall struct {
 	lease   string  // Acquire: the lease ID granted
 	expNs   int64   // Acquire, Renew: the lease's expiry on the owner's clock, ns since epoch
 	err     error   // Renew, Release: the core's refusal
+	held    bool    // Allow: denied for its share and held (hold.go); its outcome counts later
 }
 
 type simEvent struct {
@@ -194,6 +195,7 @@ type sim struct {
 	requests  uint64
 	subs      subIntervals // admitted per workload per SubMs (subintervals.go)
 	lease     leaseState   // lease clients of concurrency rules (leases.go)
+	held      [][]heldCall // per node: Allows held for share_wait (hold.go)
 }
 
 // Run simulates sc and returns its result.
@@ -263,6 +265,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 	s.jobCalls = make([][]int32, total)
 	s.isJob = make([]bool, total)
 	s.isDue = make([]bool, total)
+	s.held = make([][]heldCall, total)
 	s.mask = size - 1
 	s.workers = max(opt.Workers, 1)
 	s.parallelMin = parallelMin
@@ -588,19 +591,27 @@ func (s *sim) work() error {
 			}
 			continue
 		}
-		if c.allowed {
-			acc := &c.ra.keys[c.gk]
-			acc.admReq++
-			acc.admCred += c.ws.w.Cost
-			c.ra.noteInWindow(s.now, c.ws.w.Cost) // inwindow.go
-			s.noteSub(c.ws, c.ws.w.Cost)
-		} else if c.ws.w.WellBehaved {
-			c.ra.falseRej++
+		if !c.held {
+			s.allowOutcome(c)
 		}
 	}
+	s.settleHeld() // hold.go
 	clear(s.calls)
 	s.calls = s.calls[:0]
 	return nil
+}
+
+// allowOutcome counts the outcome of an Allow.
+func (s *sim) allowOutcome(c *allowCall) {
+	if c.allowed {
+		acc := &c.ra.keys[c.gk]
+		acc.admReq++
+		acc.admCred += c.ws.w.Cost
+		c.ra.noteInWindow(s.now, c.ws.w.Cost) // inwindow.go
+		s.noteSub(c.ws, c.ws.w.Cost)
+	} else if c.ws.w.WellBehaved {
+		c.ra.falseRej++
+	}
 }
 
 // job is node r's work of the millisecond (see work).
@@ -621,9 +632,15 @@ func (s *sim) job(r int) error {
 			panic(fmt.Sprintf("simulator: a validated request was refused: %v", err))
 		}
 		c.allowed = d.Allowed
+		if s.holdable(c, d) {
+			s.hold(r, c, n) // hold.go
+		}
 	}
 	if s.isDue[r] {
 		s.readies[r] = n.core.Tick(now)
+		if len(s.held[r]) > 0 {
+			s.retryHeld(r, n) // hold.go
+		}
 	}
 	return nil
 }

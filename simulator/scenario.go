@@ -203,6 +203,7 @@ type rawRule struct {
 	Refill      int64                `yaml:"refill"`   // token_bucket
 	Interval    string               `yaml:"interval"` // token_bucket
 	Initial     *int64               `yaml:"initial"`  // token_bucket
+	ShareWait   *string              `yaml:"share_wait"`
 }
 
 type rawWorkload struct {
@@ -469,6 +470,14 @@ func (raw *rawScenario) buildRules(s *Scenario) error {
 		}
 		if r.LeaseTTL, err = parseDur(field+".lease_ttl", rr.LeaseTTL, 0, false); err != nil {
 			return err
+		}
+		if rr.ShareWait != nil {
+			if r.ShareWait, err = parseDur(field+".share_wait", *rr.ShareWait, 0, true); err != nil {
+				return err
+			}
+			if r.ShareWait == 0 {
+				r.ShareWait = limiter.NoShareWait
+			}
 		}
 		if rr.DemandFloor != nil {
 			if *rr.DemandFloor <= 0 || *rr.DemandFloor > 1 {

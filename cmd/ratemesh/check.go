@@ -88,7 +88,7 @@ func writeDecision(w io.Writer, r httpapi.AllowResponse) {
 	case r.RetryAfterMs < 0:
 		fmt.Fprintf(w, "denied: the cost exceeds the limit %d and can never be admitted\n", r.Limit)
 	default:
-		fmt.Fprintf(w, "denied: limit %d, remaining %d, retry after %v, window resets in %v\n",
-			r.Limit, r.Remaining, time.Duration(r.RetryAfterMs)*time.Millisecond, reset)
+		fmt.Fprintf(w, "denied: limit %d, remaining %d, retry after %v, window resets in %v (reason: %s)\n",
+			r.Limit, r.Remaining, time.Duration(r.RetryAfterMs)*time.Millisecond, reset, r.Reason)
 	}
 }

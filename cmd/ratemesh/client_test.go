@@ -92,7 +92,7 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("cost 2 as JSON: %d %q", code, out)
 	}
 	code, out, _ = runCLI("check", "--api", addr, "--rule", "api", "--key", "k1")
-	if code != 0 || !strings.HasPrefix(out, "denied: limit 3, remaining 0, retry after ") {
+	if code != 0 || !strings.HasPrefix(out, "denied: limit 3, remaining 0, retry after ") || !strings.HasSuffix(out, "(reason: limit)\n") {
 		t.Errorf("over the limit: %d %q", code, out)
 	}
 	// A peek (cost 0) consumes nothing.

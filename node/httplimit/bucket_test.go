@@ -10,8 +10,9 @@ import (
 
 // TestBucketHeaders: on a token bucket (max 3, one credit every 2 s, on a
 // stopped clock) r counts the credits down, t is the seconds until the
-// bucket is full again, a denial's Retry-After is the time until one credit
-// (2 s), and the policy's w is the time to fill from empty (6 s).
+// bucket is full again — on a denial, the seconds until a retry could pass,
+// as Retry-After: one credit, 2 s — and the policy's w is the time to fill
+// from empty (6 s).
 func TestBucketHeaders(t *testing.T) {
 	n := startNode(t, limiter.Rule{Name: "api", Algorithm: limiter.TokenBucket, Limit: 3, Refill: 1, Interval: 2 * time.Second})
 	cfg := httplimit.DefaultConfig()
@@ -24,7 +25,7 @@ func TestBucketHeaders(t *testing.T) {
 		{200, `"api";r=2;t=2`, ""},
 		{200, `"api";r=1;t=4`, ""},
 		{200, `"api";r=0;t=6`, ""},
-		{429, `"api";r=0;t=6`, "2"},
+		{429, `"api";r=0;t=2`, "2"},
 	}
 	for i, w := range want {
 		res := do(h, "192.0.2.7:4242")

@@ -18,8 +18,12 @@
 //	RateLimit-Policy: "api";q=100;w=1
 //	RateLimit: "api";r=37;t=1
 //
-// already set; a denied one gets the same headers, Retry-After in whole
-// seconds (rounded up, at least 1) and Config.Denied's answer, 429 by default.
+// already set; a denied one gets the same headers saying what a retry can
+// expect (r=0, and t the seconds until it could pass), Retry-After in whole
+// seconds (rounded up, at least 1) and Config.Denied's answer, 429 by
+// default. A request only the node's share refuses is held by the node for
+// at most the rule's share_wait (see node.Node.Allow) before it is decided,
+// bounded by the request's context.
 package httplimit
 
 import (
@@ -273,15 +277,23 @@ func windowParam(window time.Duration) string {
 }
 
 // RateLimitValue returns the RateLimit header value of decision d under
-// policy: `"api";r=37;t=1`, r the remaining credits and t the seconds until
-// the window resets, rounded up. policy must be printable ASCII.
+// policy: `"api";r=37;t=1`, r the remaining credits (what a retry can
+// expect: 0 after a denial) and t the seconds, rounded up, until a retry
+// can expect it: the window's reset when allowed, the denial's retry hint
+// (at least 1, as Retry-After) when denied — a denial for the node's share
+// says t=1, not the window's end — and the reset again for a request that
+// can never pass (node.Never). policy must be printable ASCII.
 func RateLimitValue(policy string, d node.Decision) string {
 	return rateLimitValue(sfString(policy), d)
 }
 
 // rateLimitValue is RateLimitValue with the policy name already quoted.
 func rateLimitValue(name string, d node.Decision) string {
-	return name + ";r=" + strconv.FormatUint(d.Remaining, 10) + ";t=" + strconv.FormatInt(ceilSeconds(max(d.ResetAfter, 0)), 10)
+	t := ceilSeconds(max(d.ResetAfter, 0))
+	if s, ok := RetryAfterSeconds(d.RetryAfter); ok && !d.Allowed {
+		t = s
+	}
+	return name + ";r=" + strconv.FormatUint(d.Remaining, 10) + ";t=" + strconv.FormatInt(t, 10)
 }
 
 // RetryAfterSeconds returns the Retry-After of a denial whose retry hint is

@@ -163,6 +163,11 @@ func TestHeaderValues(t *testing.T) {
 		{node.Decision{Remaining: 0, ResetAfter: 1 * time.Millisecond, RetryAfter: time.Millisecond}, `"default";r=0;t=1`},
 		{node.Decision{Allowed: true, Remaining: 5, ResetAfter: 1001 * time.Millisecond}, `"default";r=5;t=2`},
 		{node.Decision{Allowed: true, Remaining: 5, ResetAfter: 0}, `"default";r=5;t=0`},
+		// Denied for the share: a retry can expect nothing now, and may pass in 40 ms, not at the window's end.
+		{node.Decision{Remaining: 0, ResetAfter: 8 * time.Second, RetryAfter: 40 * time.Millisecond, Reason: limiter.ReasonShare}, `"default";r=0;t=1`},
+		{node.Decision{Remaining: 0, ResetAfter: 8 * time.Second, RetryAfter: 2500 * time.Millisecond}, `"default";r=0;t=3`},
+		// Never admissible: the reset, and the remaining smaller requests can have.
+		{node.Decision{Remaining: 3, ResetAfter: 8 * time.Second, RetryAfter: node.Never, Reason: limiter.ReasonCost}, `"default";r=3;t=8`},
 	} {
 		if got := httplimit.RateLimitValue("default", c.d); got != c.want {
 			t.Errorf("RateLimitValue(%+v) = %s, want %s", c.d, got, c.want)
@@ -400,5 +405,58 @@ func TestReloadedWindowShows(t *testing.T) {
 			t.Fatalf("after reload: RateLimit-Policy %s, want \"api\";q=7;w=20", got)
 		}
 		<-tick.C
+	}
+}
+
+// TestShareDenialHeldNot429: three members share a limit of 30 per hour;
+// after member a admitted its share of 10 through the middleware, the
+// 11th request fits under the limit, and the node holds it until a's
+// admissions are acknowledged: 200, not 429. With share_wait 0 the same
+// request is 429 with r=0 and t=1 (a retry may pass within a second), not
+// the window's end.
+func TestShareDenialHeldNot429(t *testing.T) {
+	now := fixed("now", 30, time.Hour)
+	now.ShareWait = limiter.NoShareWait
+	rules := []limiter.Rule{fixed("api", 30, time.Hour), now}
+	hub := memnet.NewHub()
+	var ns []*node.Node
+	for _, p := range []string{"a", "b", "c"} {
+		cfg := node.DefaultConfig()
+		cfg.Peer, cfg.Rules, cfg.Transport = p, rules, hub.Transport(p)
+		n, err := node.Start(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Close() })
+		ns = append(ns, n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(ns[0].Peers()) != 3 || ns[0].Peers()[1].State != node.Alive || ns[0].Peers()[2].State != node.Alive {
+		if time.Now().After(deadline) {
+			t.Fatalf("members: %+v", ns[0].Peers())
+		}
+		time.Sleep(5 * time.Millisecond) // polling the member table with a deadline
+	}
+	for _, rule := range []string{"api", "now"} {
+		cfg := httplimit.DefaultConfig()
+		cfg.Rule = rule
+		h := wrap(t, ns[0], cfg)
+		for i := range 10 {
+			if res := do(h, "192.0.2.9:1"); res.Code != 200 {
+				t.Fatalf("%s: request %d: %d", rule, i+1, res.Code)
+			}
+		}
+		res := do(h, "192.0.2.9:1")
+		switch rule {
+		case "api":
+			if res.Code != 200 {
+				t.Errorf("api: the 11th request got %d %q, want 200 after a hold", res.Code, res.Header().Get("RateLimit"))
+			}
+		case "now":
+			if res.Code != 429 || res.Header().Get("RateLimit") != `"now";r=0;t=1` || res.Header().Get("Retry-After") != "1" {
+				t.Errorf("now: the 11th request got %d, RateLimit %q, Retry-After %q; want 429, r=0;t=1, 1",
+					res.Code, res.Header().Get("RateLimit"), res.Header().Get("Retry-After"))
+			}
+		}
 	}
 }
