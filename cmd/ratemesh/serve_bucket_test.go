@@ -81,6 +81,9 @@ func TestServeFiveProcessesBucket(t *testing.T) {
 	t.Logf("offered %d in %v, admitted %d (per node %v); one bucket admits %.0f (%.4f×)",
 		offered, span.Round(time.Millisecond), admitted, perNode, one, float64(admitted)/one)
 	if float64(offered) < 3*one {
+		if raceEnabled {
+			t.Skipf("only %d offered under the race detector: not a flood; the bound is checked without it", offered)
+		}
 		t.Fatalf("only %d offered: not a flood", offered)
 	}
 	if r := float64(admitted) / one; r > 1.02 || r < 0.98 {

@@ -92,7 +92,7 @@ func TestServeFrontDoor(t *testing.T) {
 	if admitted != n {
 		t.Errorf("burst: %d of %d admitted under a limit of 1000; denied %v", admitted, n, reasons)
 	}
-	if lat[n-1] > time.Second {
+	if lat[n-1] > time.Second && !raceEnabled { // 900 connections on 2 cores under the race detector take seconds
 		t.Errorf("burst: the slowest request took %v", lat[n-1])
 	}
 
