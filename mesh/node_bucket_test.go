@@ -44,6 +44,13 @@ func TestNodesBucket(t *testing.T) {
 				case <-tick.C:
 				}
 				for due := int(time.Since(start).Seconds() * 10000 / n); issued < due; issued++ {
+					// A share denial is held up to share_wait: a client
+					// behind schedule must still see stop.
+					select {
+					case <-stop:
+						return
+					default:
+					}
 					d, err := x.n.Allow(ctx, "api", "hot")
 					if err != nil {
 						errs <- err
