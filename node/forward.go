@@ -156,21 +156,11 @@ func ParseLeaseID(id string) (owner string, incarnation, seq uint64, err error) 
 // receiver of a forwarded one leaves for the way back.
 const forwardMargin = 20 * time.Millisecond
 
-// IsLive reports whether peer is a live member (alive or suspect, not
-// evicted) in this member's view; this member itself is.
-func (c *Core) IsLive(peer string) bool {
-	if peer == c.self.Peer {
-		return true
-	}
-	m := c.members[peer]
-	return m != nil && m.live() && !m.evicted
-}
-
 // lotteryPeers returns the alive members, nearest rank first, whose
 // lottery draws admit the request as this member sees its key (see
 // limiter.Limiter.LotteryWinners), or nil.
 func (c *Core) lotteryPeers(now time.Time, rule, key string, req *limiter.Request, lease bool) []string {
-	if !c.joined || c.n < 2 {
+	if !c.join.joined || c.members.n < 2 {
 		return nil
 	}
 	l, err := c.limiter(rule)
@@ -190,31 +180,12 @@ func (c *Core) lotteryPeers(now time.Time, rule, key string, req *limiter.Reques
 	if len(ranks) == 0 {
 		return nil
 	}
-	byRank := c.liveByRank()
+	byRank := c.members.liveByRank(c.self.Peer)
 	var out []string
 	for _, r := range ranks {
 		if r < len(byRank) && byRank[r] != nil && byRank[r].state == Alive {
 			out = append(out, byRank[r].peer)
 		}
-	}
-	return out
-}
-
-// liveByRank returns the live members in rank order (sorted by peer ID),
-// nil at self's rank.
-func (c *Core) liveByRank() []*member {
-	out := make([]*member, 0, c.n)
-	placed := false
-	for _, m := range c.order {
-		if !placed && m.peer > c.self.Peer {
-			out, placed = append(out, nil), true
-		}
-		if m.live() {
-			out = append(out, m)
-		}
-	}
-	if !placed {
-		out = append(out, nil)
 	}
 	return out
 }

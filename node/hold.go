@@ -104,8 +104,8 @@ func (c *Core) retryAllow(d *limiter.Decision, now time.Time, rule, key string, 
 		*d = c.gate(l, ch, now, env)
 		return nil
 	}
-	if c.holdFromMs != 0 {
-		c.applyHold(l, &env)
+	if c.reclaimHold.fromMs != 0 {
+		c.reclaimHold.apply(l.Rule(), &env)
 	}
 	*d = l.Decide(ch, env)
 	if d.Reason != limiter.ReasonKeyCap {

@@ -57,13 +57,13 @@ type leaseLedger struct {
 func (l *leaseLedger) export(c *Core, full bool, f *Flush) {
 	f.Released, l.released = l.released, nil
 	for id := range l.leases {
-		if c.leases[id] == nil {
+		if c.leases.byID[id] == nil {
 			f.Released = append(f.Released, id)
 			delete(l.leases, id)
 		}
 	}
 	sort.Strings(f.Released)
-	for id, ls := range c.leases {
+	for id, ls := range c.leases.byID {
 		if exp, ok := l.leases[id]; ok && !full && exp.Equal(ls.expires) {
 			continue
 		}
@@ -136,7 +136,7 @@ func (p *Persister) Restore(now time.Time, recs []WindowRecord, leases []Lease) 
 		}
 		id, ok := c.slots.Lookup(r.Slot)
 		if !ok {
-			id = c.intern(r.Slot, c.members[r.Slot.Peer])
+			id = c.intern(r.Slot, c.members.byPeer[r.Slot.Peer])
 		}
 		w := l.Set().Ensure(r.Key).EnsureWindow(r.WindowMs, r.Window)
 		w.Admitted.Raise(id, r.Admitted)
@@ -151,12 +151,12 @@ func (p *Persister) Restore(now time.Time, recs []WindowRecord, leases []Lease) 
 	for _, ls := range leases {
 		p.leases[ls.ID] = ls.Expires // on disk: released below unless restored
 		l := c.limiters[ls.Rule]
-		if l == nil || l.Rule().Algorithm != limiter.Concurrency || !now.Before(ls.Expires) || c.leases[ls.ID] != nil {
+		if l == nil || l.Rule().Algorithm != limiter.Concurrency || !now.Before(ls.Expires) || c.leases.byID[ls.ID] != nil {
 			st.SkippedLeases++
 			continue
 		}
 		l.RecordLease(ls.Key, 1)
-		c.leases[ls.ID] = &lease{id: ls.ID, rule: ls.Rule, key: ls.Key, expires: ls.Expires}
+		c.leases.byID[ls.ID] = &lease{id: ls.ID, rule: ls.Rule, key: ls.Key, expires: ls.Expires}
 		st.Leases++
 	}
 	return st

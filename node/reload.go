@@ -39,7 +39,7 @@ func (c *Core) SetRules(rules []limiter.Rule) error {
 		next[r.Name], normalised[i] = l, *l.Rule()
 	}
 	var dropped []*lease
-	for _, ls := range c.leases {
+	for _, ls := range c.leases.byID {
 		if l := next[ls.rule]; l == nil || l.Rule().Algorithm != limiter.Concurrency {
 			dropped = append(dropped, ls)
 		}

@@ -1,0 +1,282 @@
+package node
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/limiter"
+)
+
+// Decisions (docs/design.md, "The decision rule"). Each member counts its
+// own admissions in its own CRDT slot and admits a request of cost c iff
+//
+//	P + N·(u + c) ≤ L
+//
+// where u is its own usage that not every alive member has acknowledged
+// yet, P the merged usage minus u, N the live members and L the limit
+// (scaled by alive/(alive+suspect) under the strict partition policy); the
+// limiter package does the math, given the membership as a limiter.Env. A
+// member that is joining or fenced denies every decision (gate).
+
+// Rule returns the normalised rule called name.
+func (c *Core) Rule(name string) (*limiter.Rule, bool) {
+	l, ok := c.limiters[name]
+	if !ok {
+		return nil, false
+	}
+	return l.Rule(), true
+}
+
+// RuleNames returns the rule names, sorted.
+func (c *Core) RuleNames() []string {
+	names := make([]string, 0, len(c.limiters))
+	for n := range c.limiters {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func (c *Core) env(now time.Time) limiter.Env {
+	e := c.envBase
+	e.NowMs = c.MeshMs(now)
+	return e
+}
+
+func (c *Core) limiter(rule string) (*limiter.Limiter, error) {
+	// Requests mostly name the rule of the request before: compare the
+	// name before hashing it (SetRules clears the cache).
+	if c.lastLim != nil && rule == c.lastRule {
+		return c.lastLim, nil
+	}
+	l, ok := c.limiters[rule]
+	if !ok {
+		return nil, fmt.Errorf("%w %q", ErrUnknownRule, rule)
+	}
+	c.lastRule, c.lastLim = rule, l
+	return l, nil
+}
+
+// Allow decides one request at now and, unless it is a peek, counts it.
+// A denial is a Decision with Allowed false; an error means a bad request
+// (unknown rule, bad key, cost, class or type).
+func (c *Core) Allow(now time.Time, rule, key string, req limiter.Request) (limiter.Decision, error) {
+	var d limiter.Decision
+	err := c.allowInto(&d, now, rule, key, &req)
+	return d, err
+}
+
+// allowInto is Allow writing into *d, with req by pointer: the runtime's
+// hot path (see limiter.Limiter.AllowInto).
+func (c *Core) allowInto(d *limiter.Decision, now time.Time, rule, key string, req *limiter.Request) error {
+	l, err := c.limiter(rule)
+	if err != nil {
+		*d = limiter.Decision{}
+		return err
+	}
+	env := c.env(now)
+	if c.gated {
+		ch, err := l.Resolve(key, *req)
+		if err != nil {
+			*d = limiter.Decision{}
+			return err
+		}
+		*d = c.gate(l, ch, now, env)
+		return nil
+	}
+	if c.reclaimHold.fromMs != 0 {
+		c.reclaimHold.apply(l.Rule(), &env)
+	}
+	// Limiter.AllowInto resolves, decides and records in one pass,
+	// finding the key's window once.
+	if err := l.AllowInto(d, key, req, &env); err != nil {
+		return err
+	}
+	c.count(d)
+	return nil
+}
+
+func (c *Core) count(d *limiter.Decision) {
+	c.stats.Decisions[d.Reason]++
+	if d.Shadow {
+		c.stats.Shadowed++
+	}
+}
+
+// gate is the denial of a member that is joining or fenced: joining
+// members retry once join_timeout has passed at the latest; fenced ones
+// after a heartbeat, within which a healed partition shows.
+func (c *Core) gate(l *limiter.Limiter, ch limiter.Check, now time.Time, env limiter.Env) limiter.Decision {
+	d := l.Rule().Decide(ch.Limit, 0, limiter.Usage{}, env, 0)
+	d.Allowed, d.Shadow, d.Remaining = false, false, 0
+	if !c.join.joined {
+		d.Reason = limiter.ReasonJoining
+		d.RetryAfter = max(c.join.left(now, c.cfg.JoinTimeout), time.Millisecond)
+	} else {
+		d.Reason = limiter.ReasonFenced
+		d.RetryAfter = c.cfg.Heartbeat
+	}
+	d.RetryAfter = (d.RetryAfter + time.Millisecond - 1) / time.Millisecond * time.Millisecond
+	c.count(&d)
+	return d
+}
+
+// Check is one (rule, key, request) of an AllowAll.
+type Check struct {
+	Rule    string
+	Key     string
+	Request limiter.Request
+}
+
+// AllowAll decides several checks as one: it admits only if every check
+// passes, and consumes nothing when any fails (the attempts still count as
+// demand). The decisions come back in the order of checks.
+func (c *Core) AllowAll(now time.Time, checks []Check) (allowed bool, ds []limiter.Decision, err error) {
+	return c.allowAll(now, checks, nil)
+}
+
+// allowAll is AllowAll; with counted set it decides held checks again,
+// counted[i] the window check i's attempt counts in (see
+// limiter.Limiter.RecordRetry), and counts only admissions in the stats.
+func (c *Core) allowAll(now time.Time, checks []Check, counted []int64) (allowed bool, ds []limiter.Decision, err error) {
+	ls := make([]*limiter.Limiter, len(checks))
+	chs := make([]limiter.Check, len(checks))
+	for i, ck := range checks {
+		if ls[i], err = c.limiter(ck.Rule); err != nil {
+			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+		}
+		if chs[i], err = ls[i].Resolve(ck.Key, ck.Request); err != nil {
+			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+		}
+	}
+	env := c.env(now)
+	ds = make([]limiter.Decision, len(checks))
+	allowed = true
+	for i := range checks {
+		if c.gated {
+			ds[i] = c.gate(ls[i], chs[i], now, env)
+		} else {
+			e := env
+			if c.reclaimHold.fromMs != 0 {
+				c.reclaimHold.apply(ls[i].Rule(), &e)
+			}
+			ds[i] = ls[i].Decide(chs[i], e)
+			if counted == nil {
+				c.count(&ds[i])
+			}
+		}
+		allowed = allowed && ds[i].Allowed
+	}
+	if c.gated {
+		return false, ds, nil
+	}
+	for i := range checks {
+		switch {
+		case ds[i].Reason == limiter.ReasonKeyCap:
+		case counted == nil:
+			ls[i].Record(chs[i], allowed, env.NowMs)
+		default:
+			counted[i] = ls[i].RecordRetry(chs[i], allowed, env.NowMs, counted[i])
+			if allowed {
+				c.count(&ds[i])
+			}
+		}
+		if !allowed && ds[i].Allowed {
+			// It would have passed alone; as part of the whole it did not.
+			ds[i].Allowed = false
+			ds[i].Remaining = min(ds[i].Remaining+chs[i].Cost, ds[i].Limit)
+		}
+	}
+	return allowed, ds, nil
+}
+
+// Earliest returns how long from now until the request could first be
+// admitted as far as this member can tell (0 if now), or limiter.Never.
+// Wait sleeps this long between attempts.
+func (c *Core) Earliest(now time.Time, rule, key string, req limiter.Request) (time.Duration, error) {
+	l, err := c.limiter(rule)
+	if err != nil {
+		return 0, err
+	}
+	ch, err := l.Resolve(key, req)
+	if err != nil {
+		return 0, err
+	}
+	if !c.join.joined {
+		return max(c.join.left(now, c.cfg.JoinTimeout), 0), nil
+	}
+	if c.members.fenced {
+		return c.cfg.Heartbeat, nil
+	}
+	env := c.env(now)
+	if c.reclaimHold.fromMs != 0 {
+		c.reclaimHold.apply(l.Rule(), &env)
+	}
+	return l.Earliest(ch, env), nil
+}
+
+// SlotUsage is one slot's counts in a UsageReport.
+type SlotUsage struct {
+	Peer        string
+	Incarnation uint64
+	Admitted    uint64 // admitted credits, or held leases
+	Attempted   uint64 // attempted credits, or acquired leases
+}
+
+// UsageReport is what this member knows of one key.
+type UsageReport struct {
+	Rule, Key string
+	// Window is the current window's index and WindowMs its length (0
+	// for concurrency; a token bucket's epoch).
+	Window, WindowMs int64
+	// QuotaMs is the period the limit applies to: WindowMs, or a token
+	// bucket's time to fill from empty (max/refill × interval).
+	QuotaMs int64
+	// Total is the merged admitted credits of the current window, or the
+	// live leases.
+	Total uint64
+	Slots []SlotUsage
+}
+
+// Usage reports the merged usage of (rule, key) at now.
+func (c *Core) Usage(now time.Time, rule, key string) (UsageReport, error) {
+	l, err := c.limiter(rule)
+	if err != nil {
+		return UsageReport{}, err
+	}
+	r := l.Rule()
+	rep := UsageReport{Rule: rule, Key: key, WindowMs: r.WindowMs(), QuotaMs: r.QuotaMs()}
+	s := l.Set().Series(key)
+	if r.Algorithm == limiter.Concurrency {
+		if s != nil {
+			rep.Total = uint64(s.Leases.ValueWhere(c.liveSlot))
+			s.Leases.P.Each(func(id crdt.SlotID, p uint64) {
+				if !c.liveSlot(id) {
+					return
+				}
+				sl := c.slots.Slot(id)
+				n := s.Leases.N.Get(id)
+				rep.Slots = append(rep.Slots, SlotUsage{Peer: sl.Peer, Incarnation: sl.Incarnation, Admitted: p - min(n, p), Attempted: p})
+			})
+		}
+	} else {
+		nowMs := c.MeshMs(now)
+		rep.Window = nowMs / rep.WindowMs
+		if s != nil {
+			if w := s.Window(rep.WindowMs, rep.Window); w != nil {
+				rep.Total = w.Admitted.Value()
+				w.Attempted.Each(func(id crdt.SlotID, att uint64) {
+					sl := c.slots.Slot(id)
+					rep.Slots = append(rep.Slots, SlotUsage{Peer: sl.Peer, Incarnation: sl.Incarnation, Admitted: w.Admitted.Get(id), Attempted: att})
+				})
+			}
+		}
+	}
+	sort.Slice(rep.Slots, func(i, j int) bool {
+		a, b := rep.Slots[i], rep.Slots[j]
+		return a.Peer < b.Peer || (a.Peer == b.Peer && a.Incarnation < b.Incarnation)
+	})
+	return rep, nil
+}

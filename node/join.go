@@ -1,0 +1,164 @@
+package node
+
+import (
+	"slices"
+	"time"
+)
+
+// Joining (docs/design.md, "Joining and state transfer" and "Readiness").
+//
+// A member started with peers to join (CoreConfig.Join) denies every
+// decision (limiter.ReasonJoining) until it holds the mesh's usage: every
+// connection is answered with a full state flagged FlagWant, which the
+// peer answers with a relay of its whole view (FlagRelay, the last batch
+// FlagLast); the member is ready once the relay of every peer it expects
+// (ExpectState: every peer it connected to) has arrived, or after
+// join_timeout. A member whose fence lifts (a partition healed, under the
+// strict policy) joins again the same way: the members heard again hold
+// usage it has not merged yet.
+
+// joinState is whether this member serves decisions yet, and what it
+// waits for. Its invariants: while joined, stateFrom and expecting are
+// nil; a peer is never in both.
+type joinState struct {
+	started time.Time // when the join (or the rejoin) began
+	joined  bool
+	// stateFrom holds, while joining, the peers whose full state has
+	// arrived, and expecting the connected peers whose full state is
+	// awaited.
+	stateFrom, expecting map[string]bool
+	// healed, while fenced: members heard again, and whether their full
+	// state has arrived since (see fence).
+	healed map[string]bool
+	// wasFenced is the fence as of the last call of fence, to see it lift.
+	wasFenced bool
+	// became and timedOut report a join, and one by join_timeout, since
+	// the last Ready.
+	became, timedOut bool
+	// wants are the peers whose full state asked for a relay (FlagWant),
+	// in the order they asked, until the next Ready.
+	wants []string
+}
+
+// expect notes that peer's full state is on its way while joining (see
+// Core.ExpectState). self is this member's peer ID.
+func (j *joinState) expect(self, peer string) {
+	if j.joined || peer == self || j.stateFrom[peer] {
+		return
+	}
+	if j.expecting == nil {
+		j.expecting = make(map[string]bool)
+	}
+	j.expecting[peer] = true
+}
+
+// arrived records a peer's complete full state while joining, and joins
+// once no expected full state is outstanding.
+func (j *joinState) arrived(peer string) {
+	if j.stateFrom == nil {
+		j.stateFrom = make(map[string]bool)
+	}
+	j.stateFrom[peer] = true
+	delete(j.expecting, peer)
+	if len(j.expecting) == 0 {
+		j.join(false)
+	}
+}
+
+func (j *joinState) join(timedOut bool) {
+	j.joined, j.became = true, true
+	j.timedOut = j.timedOut || timedOut
+	j.stateFrom, j.expecting = nil, nil
+}
+
+// relayed records that peer's relay (its whole view) has arrived.
+func (j *joinState) relayed(peer string) {
+	if _, ok := j.healed[peer]; ok {
+		j.healed[peer] = true
+	}
+	if !j.joined {
+		j.arrived(peer)
+	}
+}
+
+// tick joins at now once timeout has passed since the join began, and
+// reports whether it did.
+func (j *joinState) tick(now time.Time, timeout time.Duration) bool {
+	if !j.joined && now.Sub(j.started) >= timeout {
+		j.join(true)
+		return true
+	}
+	return false
+}
+
+// left returns how much of timeout is left at now.
+func (j *joinState) left(now time.Time, timeout time.Duration) time.Duration {
+	return timeout - now.Sub(j.started)
+}
+
+// heard notes that peer turned alive again while fenced.
+func (j *joinState) heard(peer string) {
+	if j.healed == nil {
+		j.healed = make(map[string]bool)
+	}
+	j.healed[peer] = false
+}
+
+// fence follows the fence at now: a new one starts recording the members
+// heard again; when it lifts (the partition healed), the members heard
+// again hold usage this member has not merged yet — the other side's
+// partition-time admissions arrive with their full states, and a
+// heartbeat may come first — so the member joins again, expecting the full
+// state of each of them that is still alive (alive reports it) and has not
+// sent it yet, or until join_timeout passes. It reports whether the member
+// stopped serving.
+func (j *joinState) fence(now time.Time, fenced bool, self string, alive func(peer string) bool) (rejoined bool) {
+	switch {
+	case j.wasFenced && !fenced:
+		healed := j.healed
+		j.healed = nil
+		for peer, arrived := range healed {
+			if arrived || !alive(peer) {
+				continue
+			}
+			if j.joined {
+				j.joined, j.started, rejoined = false, now, true
+			}
+			j.expect(self, peer)
+		}
+	case fenced && !j.wasFenced:
+		j.healed = nil
+	}
+	j.wasFenced = fenced
+	return rejoined
+}
+
+// want records that peer asked for a relay of our whole view.
+func (j *joinState) want(peer string) {
+	if !slices.Contains(j.wants, peer) {
+		j.wants = append(j.wants, peer)
+	}
+}
+
+// ExpectState tells a joining member that a connection to peer is up, so
+// peer's full state is on its way (the runtime answers every connection
+// with its full state): the member stays joining until the full state of
+// every peer it expects has arrived, not only the first, so a joiner
+// connected to several members does not decide on one member's view.
+// join_timeout still bounds the wait. After joining it does nothing.
+func (c *Core) ExpectState(peer string) { c.join.expect(c.self.Peer, peer) }
+
+// regate brings gated up to date: a member that has not joined, or is
+// fenced, denies every decision.
+func (c *Core) regate() { c.gated = !c.join.joined || c.members.fenced }
+
+// noteFence follows the fence (joinState.fence).
+func (c *Core) noteFence(now time.Time) {
+	alive := func(peer string) bool {
+		m := c.members.byPeer[peer]
+		return m != nil && m.state == Alive
+	}
+	if c.join.fence(now, c.members.fenced, c.self.Peer, alive) {
+		c.regate()
+	}
+}

@@ -1,0 +1,351 @@
+package node
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/limiter"
+)
+
+// Membership (docs/design.md, "Membership" and "Partitions and crashes").
+//
+// A member is alive while heard within SuspectAfter, then suspect (still
+// holding capacity), then dead after DeadAfter under the available
+// policy. Under the strict one a silent member is reclaimed after
+// ReclaimAfter by a side that holds a strict majority, evicted after
+// EvictAfter by a side of exactly half, and a side without a majority
+// fences itself. Evictions are announced in our batches for evictMemory;
+// an evicted member that comes back takes a new incarnation. A newer
+// incarnation of a peer replaces the older at once.
+
+const evictMemory = time.Minute // how long our batches announce an eviction
+
+// membership is the member table: every other member this one knows, and
+// the counts every decision uses. Its invariants: order holds exactly the
+// members of byPeer, sorted by peer; n, nAlive, rank, scale and fenced are
+// as recount computes them from the states in order.
+type membership struct {
+	byPeer map[string]*member
+	order  []*member // sorted by peer: deterministic iteration
+	n      int       // live members, self included
+	nAlive int       // alive members, self included (n − nAlive are suspect)
+	rank   int       // self's place among the n live members, by peer
+	scale  float64   // partition scale of every limit
+	// fenced: under Strict, this member's side holds no majority of the
+	// members (recount); it denies with limiter.ReasonFenced.
+	fenced    bool
+	evictions []eviction     // slots we evicted, announced for evictMemory
+	changes   []MemberChange // transitions since the last Ready
+}
+
+type eviction struct {
+	slot crdt.Slot
+	at   time.Time
+}
+
+func newMembership() membership { return membership{byPeer: make(map[string]*member)} }
+
+// add inserts a member new to the table, in state m.state, and records it
+// as a change. The caller recounts.
+func (ms *membership) add(m *member) {
+	ms.byPeer[m.peer] = m
+	i, _ := slices.BinarySearchFunc(ms.order, m.peer, func(a *member, p string) int { return strings.Compare(a.peer, p) })
+	ms.order = slices.Insert(ms.order, i, m)
+	ms.changes = append(ms.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, To: m.state, New: true})
+}
+
+// restart replaces m's incarnation by inc, alive at once: its gossip
+// stream starts again. The caller recounts.
+func (ms *membership) restart(m *member, inc uint64) {
+	old := m.state
+	m.inc, m.evicted, m.state = inc, false, Alive
+	m.reset()
+	ms.changes = append(ms.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: old, To: Alive, New: true})
+}
+
+// set moves m to state s and records the change; it reports whether the
+// state changed. The caller recounts.
+func (ms *membership) set(m *member, s State) bool {
+	if m.state == s {
+		return false
+	}
+	ms.changes = append(ms.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: m.state, To: s})
+	m.state = s
+	return true
+}
+
+// recount brings n, nAlive, rank, scale and fenced up to date with the
+// states, self (peer ID) counted alive.
+func (ms *membership) recount(self string, policy Policy) {
+	// order is sorted by peer: the members before self's place are the
+	// ones that rank before it.
+	before, _ := slices.BinarySearchFunc(ms.order, self, func(m *member, p string) int { return strings.Compare(m.peer, p) })
+	alive, suspect, rank := 1, 0, 0
+	for i, m := range ms.order {
+		switch m.state {
+		case Alive:
+			alive++
+		case Suspect:
+			suspect++
+		default:
+			continue
+		}
+		if i < before {
+			rank++
+		}
+	}
+	ms.n, ms.nAlive, ms.rank = alive+suspect, alive, rank
+	ms.scale = 1
+	if policy == Strict && suspect > 0 {
+		ms.scale = float64(alive) / float64(alive+suspect)
+	}
+	// Strict: a side that holds no majority of the members fences itself
+	// (an exact half keeps the scale until evict_after).
+	ms.fenced = policy == Strict && 2*alive < alive+suspect
+}
+
+// majority reports whether the alive members, self included, are a strict
+// majority of the live ones; half, whether they are exactly half.
+func (ms *membership) majority() bool { return 2*ms.nAlive > ms.n }
+func (ms *membership) half() bool     { return 2*ms.nAlive == ms.n }
+
+// forgetEvictions stops announcing evictions older than evictMemory.
+func (ms *membership) forgetEvictions(now time.Time) {
+	kept := ms.evictions[:0]
+	for _, e := range ms.evictions {
+		if now.Sub(e.at) < evictMemory {
+			kept = append(kept, e)
+		}
+	}
+	ms.evictions = kept
+}
+
+// liveByRank returns the live members in rank order (sorted by peer ID),
+// nil at the rank of self (peer ID).
+func (ms *membership) liveByRank(self string) []*member {
+	out := make([]*member, 0, ms.n)
+	placed := false
+	for _, m := range ms.order {
+		if !placed && m.peer > self {
+			out, placed = append(out, nil), true
+		}
+		if m.live() {
+			out = append(out, m)
+		}
+	}
+	if !placed {
+		out = append(out, nil)
+	}
+	return out
+}
+
+// recount brings the membership counts, the gate and the decisions'
+// environment up to date.
+func (c *Core) recount() {
+	ms := &c.members
+	ms.recount(c.self.Peer, c.cfg.Policy)
+	c.regate()
+	c.envBase = limiter.Env{Members: ms.n, Rank: ms.rank, Scale: ms.scale, AckDelay: 2 * c.cfg.SyncInterval}
+}
+
+// setState moves m to state s. A member heard again while fenced is noted
+// for the rejoin (joinState.fence).
+func (c *Core) setState(m *member, s State) {
+	if m.state == s {
+		return
+	}
+	if c.members.fenced && s == Alive {
+		c.join.heard(m.peer)
+	}
+	c.members.set(m, s)
+	c.recount()
+}
+
+// IsLive reports whether peer is a live member (alive or suspect, not
+// evicted) in this member's view; this member itself is.
+func (c *Core) IsLive(peer string) bool {
+	if peer == c.self.Peer {
+		return true
+	}
+	m := c.members.byPeer[peer]
+	return m != nil && m.live() && !m.evicted
+}
+
+// Evict removes a silent member at once: its leases stop counting and,
+// under the strict policy, it no longer holds capacity. If it comes back
+// it learns it was evicted and takes a new incarnation.
+func (c *Core) Evict(now time.Time, peer string) error {
+	m := c.members.byPeer[peer]
+	if m == nil {
+		return fmt.Errorf("%w %q", ErrUnknownPeer, peer)
+	}
+	c.evict(now, m)
+	return nil
+}
+
+func (c *Core) evict(now time.Time, m *member) {
+	if m.evicted {
+		return
+	}
+	m.evicted = true
+	c.setState(m, Dead)
+	c.members.evictions = append(c.members.evictions, eviction{slot: crdt.Slot{Peer: m.peer, Incarnation: m.inc}, at: now})
+}
+
+// noteEvicted acts on the evictions a batch announces: our own makes us
+// take a new incarnation; another member's, if we hold that incarnation,
+// is ours too.
+func (c *Core) noteEvicted(now time.Time, b *crdt.Batch) {
+	for _, s := range b.Evicted {
+		if s == c.self {
+			c.reincarnate(now)
+			continue
+		}
+		if m := c.members.byPeer[s.Peer]; m != nil && m.inc == s.Incarnation && !m.evicted {
+			c.evict(now, m)
+		}
+	}
+}
+
+// learnMembers adds the members of a full state's member table that this
+// member does not know yet: alive and suspect ones count in N from now on
+// (a joiner must not take one member's view for the whole mesh); dead and
+// left ones are not members to learn of. Known members are left to their
+// own batches.
+func (c *Core) learnMembers(now time.Time, from string, es []crdt.MemberEntry) {
+	added := false
+	for _, e := range es {
+		if e.Peer == c.self.Peer || e.Peer == from || c.members.byPeer[e.Peer] != nil {
+			continue
+		}
+		var st State
+		heard := now
+		switch e.State {
+		case crdt.MemberAlive:
+			st = Alive
+		case crdt.MemberSuspect:
+			st, heard = Suspect, now.Add(-c.cfg.SuspectAfter)
+		default:
+			continue
+		}
+		m := &member{peer: e.Peer, inc: e.Incarnation, state: st, lastHeard: heard, tag: crdt.PeerTag(e.Peer)}
+		m.slot = c.intern(crdt.Slot{Peer: e.Peer, Incarnation: e.Incarnation}, m)
+		c.members.add(m)
+		added = true
+	}
+	if added {
+		c.recount()
+	}
+}
+
+// updateMembers moves silent members on at now: suspect, dead, reclaimed
+// or evicted, by the partition policy.
+func (c *Core) updateMembers(now time.Time) {
+	ms := &c.members
+	if c.cfg.Policy == Strict {
+		// Every silent member turns suspect before any reclaim, so the
+		// majority a reclaim needs counts only the members heard lately.
+		// Ticks on time make a member suspect long before reclaim_after;
+		// but after a stall of this member's own (a pause, a frozen VM)
+		// every other one may be past reclaim_after at once, and counting
+		// them alive until each is reclaimed let a lone member evict the
+		// majority instead of fencing itself.
+		for _, m := range ms.order {
+			if m.state == Alive && now.Sub(m.lastHeard) >= c.cfg.SuspectAfter {
+				c.setState(m, Suspect)
+			}
+		}
+	}
+	reclaim := c.cfg.reclaimAfter()
+	for _, m := range ms.order {
+		if m.state == Left || m.state == Dead {
+			continue
+		}
+		silent := now.Sub(m.lastHeard)
+		switch {
+		case c.cfg.Policy == Strict && silent >= reclaim && ms.majority():
+			c.reclaim(now, m)
+		case c.cfg.Policy == Strict && silent >= c.cfg.EvictAfter && ms.half():
+			c.evict(now, m)
+		case c.cfg.Policy == Available && silent >= c.cfg.DeadAfter:
+			c.setState(m, Dead)
+		case silent >= c.cfg.SuspectAfter && m.state == Alive:
+			c.setState(m, Suspect)
+		}
+	}
+}
+
+// reclaim evicts a silent member on the side of a strict majority. The
+// member's side fenced itself before now (CoreConfig.ReclaimAfter), but it
+// may have admitted its share of the current windows, unseen: those keep
+// the scale of before (reclaimHold); later windows get the whole limit.
+func (c *Core) reclaim(now time.Time, m *member) {
+	c.reclaimHold.start(c.MeshMs(now), c.members.scale)
+	c.evict(now, m)
+}
+
+// reclaimHold is a reclaim's hold: windows that began before fromMs (mesh
+// time; 0 when no hold is on) keep the partition scale of before the
+// reclaim, scale. The zero value holds nothing.
+type reclaimHold struct {
+	fromMs int64
+	scale  float64
+}
+
+// start holds from nowMs with scale, or the hold's own scale if lower.
+func (h *reclaimHold) start(nowMs int64, scale float64) {
+	if h.fromMs != 0 {
+		scale = min(scale, h.scale)
+	}
+	h.fromMs, h.scale = nowMs, scale
+}
+
+// apply keeps the scale of before a reclaim for rule r's windows that
+// began before it (a sliding window's previous one too): the reclaimed
+// members may have admitted their share of those windows, unseen, before
+// they fenced themselves. Windows that begin later get the whole limit.
+func (h *reclaimHold) apply(r *limiter.Rule, env *limiter.Env) {
+	if h.fromMs == 0 {
+		return
+	}
+	wms := r.WindowMs()
+	if wms <= 0 {
+		return // concurrency: an evicted member's leases stop counting at once
+	}
+	start := env.NowMs / wms * wms
+	if r.Algorithm == limiter.SlidingWindow {
+		start -= wms
+	}
+	if start < h.fromMs && h.scale < env.Scale {
+		env.Scale = h.scale
+	}
+}
+
+// end ends the hold at nowMs once every window that began before it has
+// ended, longestMs being the longest window of any rule.
+func (h *reclaimHold) end(nowMs, longestMs int64) {
+	if h.fromMs != 0 && nowMs >= h.fromMs+2*longestMs {
+		h.fromMs, h.scale = 0, 0
+	}
+}
+
+// Peers returns every member this member knows, itself included, sorted
+// by peer ID.
+func (c *Core) Peers(now time.Time) []PeerInfo {
+	out := make([]PeerInfo, 0, len(c.members.order)+1)
+	out = append(out, PeerInfo{Peer: c.self.Peer, Incarnation: c.self.Incarnation, State: Alive, RulesHash: c.rulesHash, RulesMatch: true, Self: true})
+	for _, m := range c.members.order {
+		out = append(out, PeerInfo{
+			Peer: m.peer, Incarnation: m.inc, State: m.state, LastSeen: now.Sub(m.lastHeard),
+			RulesHash: m.rulesHash, RulesMatch: m.rulesHash == c.rulesHash,
+			ClockOffset: time.Duration(m.clockMs) * time.Millisecond, ClockRoundTrip: m.clockRT,
+			ClockOneWay: time.Duration(m.oneWayMs) * time.Millisecond,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Peer < out[j].Peer })
+	return out
+}

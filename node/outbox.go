@@ -1,0 +1,454 @@
+package node
+
+import (
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+)
+
+// What this member publishes (docs/design.md, "Replication" and
+// "Acknowledgements"): every SyncInterval its own changed values, as
+// absolute values in gossip batches numbered by seq; every RepairInterval
+// the values changed since the last repair again, so a lost last delta
+// heals; a bare batch at least every Heartbeat, and whenever it owes an
+// acknowledgement or a nack. The outbox remembers every gossip batch until
+// the mesh has acknowledged it, so that its values count as acknowledged
+// then, or are published again when a member nacks it.
+
+const (
+	batchEntries = 2000    // entries per published batch; well under crdt.MaxBatchBytes
+	ringCap      = 1 << 14 // published batches awaiting acknowledgement
+	// nackedMemory is how many recently nacked seqs of ours we remember,
+	// to tell a repeated nack from one of a batch we no longer hold.
+	nackedMemory = 256
+)
+
+type sentWin struct {
+	w *crdt.Window
+	v uint64
+}
+
+type sentLease struct {
+	s *crdt.Series
+	v int64
+}
+
+// sentBatch is a gossip batch of ours awaiting acknowledgement: the own
+// values it carried, to mark acknowledged (or dirty again, when nacked).
+type sentBatch struct {
+	seq    uint64
+	sent   int64
+	wins   []sentWin
+	leases []sentLease
+	nacked bool
+}
+
+// outbox is the sending side of this member's gossip. Its invariants: ring
+// holds at most ringCap batches in increasing seq order, the last of them
+// (if any) numbered seq; nackedSeqs holds at most nackedMemory seqs, each
+// of a batch nacked once, oldest first.
+type outbox struct {
+	seq  uint64      // the seq of our latest gossip batch
+	ring []sentBatch // gossip batches not yet acknowledged, oldest first
+	// nackedSeqs are the latest seqs of ours served a nack (oldest
+	// first, at most nackedMemory), so their repeats are ignored.
+	nackedSeqs []uint64
+	// The windows and lease counters published since the last repair.
+	repairWin map[*crdt.Window]struct{}
+	repairLs  map[*crdt.Series]struct{}
+	resendAll bool  // a nack asked for everything: publish every own value again
+	needAck   bool  // we merged something since our last batch: answer it
+	lastAck   int64 // the Ack of the last gossip batch we sent
+	lastSent  time.Time
+	nextSync  time.Time
+	// nextRepair is when the values changed since the last repair go out
+	// again.
+	nextRepair time.Time
+}
+
+// newOutbox returns the outbox of a member started at now: its first sync
+// is due at once, its first repair after repairEvery.
+func newOutbox(now time.Time, repairEvery time.Duration) outbox {
+	return outbox{
+		repairWin:  make(map[*crdt.Window]struct{}),
+		repairLs:   make(map[*crdt.Series]struct{}),
+		nextSync:   now,
+		nextRepair: now.Add(repairEvery),
+	}
+}
+
+// remember records a gossip batch just sent; the oldest is forgotten when
+// the ring is full.
+func (o *outbox) remember(sb sentBatch) {
+	if len(o.ring) >= ringCap {
+		o.ring = o.ring[1:]
+	}
+	o.ring = append(o.ring, sb)
+}
+
+// nacked handles a member's report that it missed our batch seq. fresh is
+// false for a repeat (nackRepeats) of a nack already served, which changes
+// nothing. Otherwise sb is the batch whose entries are to be published
+// again (it never counts as acknowledged any more), or nil when seq is 0
+// or no longer held: then every own value is published again (resendAll).
+func (o *outbox) nacked(seq uint64) (sb *sentBatch, fresh bool) {
+	i, ok := slices.BinarySearchFunc(o.ring, seq, func(sb sentBatch, s uint64) int { return cmpU64(sb.seq, s) })
+	if seq != 0 && (ok && o.ring[i].nacked || !ok && slices.Contains(o.nackedSeqs, seq)) {
+		return nil, false
+	}
+	if seq == 0 || !ok {
+		o.resendAll = true
+		return nil, true
+	}
+	if len(o.nackedSeqs) >= nackedMemory {
+		o.nackedSeqs = append(o.nackedSeqs[:0], o.nackedSeqs[1:]...)
+	}
+	o.nackedSeqs = append(o.nackedSeqs, seq)
+	sb = &o.ring[i]
+	sb.nacked = true
+	return sb, true
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// acked marks the values of every batch sent at or before frontier (the
+// mesh's acknowledgement, ackFrontier) acknowledged, except nacked
+// batches', and forgets those batches.
+func (o *outbox) acked(frontier int64) {
+	done := 0
+	for done < len(o.ring) && o.ring[done].sent <= frontier {
+		sb := &o.ring[done]
+		if !sb.nacked {
+			for _, sw := range sb.wins {
+				if sw.v > sw.w.Acked {
+					sw.w.Acked = sw.v
+				}
+			}
+			for _, sl := range sb.leases {
+				sl.s.LeasesAcked = sl.v
+			}
+		}
+		done++
+	}
+	if done > 0 {
+		clear(o.ring[:done])
+		o.ring = o.ring[done:]
+	}
+}
+
+// published adds values about to be published to the next repair.
+func (o *outbox) published(wins []*crdt.Window, ls []*crdt.Series) {
+	for _, w := range wins {
+		o.repairWin[w] = struct{}{}
+	}
+	for _, s := range ls {
+		o.repairLs[s] = struct{}{}
+	}
+}
+
+// repairSet returns the windows and lease counters changed since the last
+// repair that are not already in wins and ls, appended to them, and starts
+// the next repair's set.
+func (o *outbox) repairSet(wins []*crdt.Window, ls []*crdt.Series) ([]*crdt.Window, []*crdt.Series) {
+	for _, w := range wins {
+		delete(o.repairWin, w)
+	}
+	for _, s := range ls {
+		delete(o.repairLs, s)
+	}
+	extra := make([]*crdt.Window, 0, len(o.repairWin))
+	for w := range o.repairWin {
+		extra = append(extra, w)
+	}
+	sortWindows(extra)
+	extraLs := make([]*crdt.Series, 0, len(o.repairLs))
+	for s := range o.repairLs {
+		extraLs = append(extraLs, s)
+	}
+	sortSeries(extraLs)
+	clear(o.repairWin)
+	clear(o.repairLs)
+	return append(wins, extra...), append(ls, extraLs...)
+}
+
+// reset starts a new gossip sequence: the member took a new incarnation.
+func (o *outbox) reset() {
+	o.ring = o.ring[:0]
+	o.nackedSeqs = o.nackedSeqs[:0]
+	o.seq = 0
+}
+
+func sortWindows(ws []*crdt.Window) {
+	sort.Slice(ws, func(i, j int) bool {
+		a, b := ws[i], ws[j]
+		if ra, rb := a.Series().Rule().Name, b.Series().Rule().Name; ra != rb {
+			return ra < rb
+		}
+		if a.Series().Key != b.Series().Key {
+			return a.Series().Key < b.Series().Key
+		}
+		if a.WindowMs != b.WindowMs {
+			return a.WindowMs < b.WindowMs
+		}
+		return a.Index < b.Index
+	})
+}
+
+func sortSeries(ss []*crdt.Series) {
+	sort.Slice(ss, func(i, j int) bool {
+		if ra, rb := ss[i].Rule().Name, ss[j].Rule().Name; ra != rb {
+			return ra < rb
+		}
+		return ss[i].Key < ss[j].Key
+	})
+}
+
+// nacked serves a member's nack of our batch seq (outbox.nacked): the
+// batch's entries are marked dirty, to be published again.
+func (c *Core) nacked(seq uint64) {
+	sb, fresh := c.out.nacked(seq)
+	if !fresh {
+		return
+	}
+	c.stats.NacksReceived++
+	if sb == nil {
+		return
+	}
+	for _, sw := range sb.wins {
+		c.c.MarkDirty(sw.w)
+	}
+	for _, sl := range sb.leases {
+		c.c.MarkLeasesDirty(sl.s)
+	}
+}
+
+// flush builds the gossip batches due at now: own dirty values (plus the
+// repair set when a repair is due), or a bare heartbeat/acknowledgement.
+func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
+	o := &c.out
+	if o.resendAll {
+		o.resendAll = false
+		c.markAllDirty()
+	}
+	wins, ls := c.c.TakeDirty()
+	o.published(wins, ls)
+	for _, w := range wins {
+		c.notePersist(w)
+	}
+	if !now.Before(o.nextRepair) {
+		o.nextRepair = now.Add(c.cfg.RepairInterval)
+		wins, ls = o.repairSet(wins, ls)
+	}
+	nacks, first := takeNacks(c.members.order)
+	c.stats.NacksSent += uint64(first)
+	due := len(wins)+len(ls) > 0 || o.needAck || len(nacks) > 0 || flags != 0 ||
+		now.Sub(o.lastSent) >= c.cfg.Heartbeat || o.lastSent.IsZero() || ackOwed(c.members.order, o.lastAck)
+	if !due {
+		return nil
+	}
+	o.needAck = false
+	o.lastAck = watermark(c.members.order)
+	o.lastSent = now
+	return c.build(now, wins, ls, nacks, flags)
+}
+
+// build turns entries into gossip batches of at most batchEntries each,
+// numbered in sequence and remembered until acknowledged.
+func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, nacks []crdt.Nack, flags uint64) []*crdt.Batch {
+	nowMs := c.MeshMs(now)
+	var out []*crdt.Batch
+	newBatch := func() *crdt.Batch {
+		c.out.seq++
+		b := &crdt.Batch{
+			Version: crdt.Version, From: c.self, Seq: c.out.seq, Sent: nowMs, Clock: now.UnixMilli(),
+			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags&^crdt.FlagLast | crdt.FlagEcho,
+		}
+		if len(out) == 0 {
+			b.Nacks = nacks
+			b.Echoes = c.clock.takeEchoes(b.Clock)
+			for _, e := range c.members.evictions {
+				if len(b.Evicted) < crdt.MaxEvicted {
+					b.Evicted = append(b.Evicted, e.slot)
+				}
+			}
+		}
+		out = append(out, b)
+		return b
+	}
+	b := newBatch()
+	var sb sentBatch
+	finish := func() {
+		// Batches without entries are remembered too, so a nack of a
+		// lost heartbeat is known to need nothing, instead of making us
+		// re-send everything.
+		sb.seq, sb.sent = b.Seq, b.Sent
+		c.out.remember(sb)
+		c.stats.EntriesSent += uint64(len(b.Windows) + len(b.Leases))
+		sb = sentBatch{}
+	}
+	for _, w := range wins {
+		own, att := w.Admitted.Get(c.selfID), w.Attempted.Get(c.selfID)
+		if att == 0 && own == 0 {
+			continue
+		}
+		if len(b.Windows)+len(b.Leases) >= batchEntries {
+			finish()
+			b = newBatch()
+		}
+		s := w.Series()
+		b.Windows = append(b.Windows, crdt.WindowEntry{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: own, Attempted: att})
+		sb.wins = append(sb.wins, sentWin{w: w, v: own})
+	}
+	for _, s := range ls {
+		p, n := s.Leases.P.Get(c.selfID), s.Leases.N.Get(c.selfID)
+		if p == 0 && n == 0 {
+			continue
+		}
+		if len(b.Windows)+len(b.Leases) >= batchEntries {
+			finish()
+			b = newBatch()
+		}
+		b.Leases = append(b.Leases, crdt.LeaseEntry{Rule: s.Rule().Name, Key: s.Key, Acquired: p, Released: n})
+		sb.leases = append(sb.leases, sentLease{s: s, v: int64(p) - int64(n)})
+	}
+	finish()
+	if flags&crdt.FlagLast != 0 {
+		out[len(out)-1].Flags |= crdt.FlagLast
+	}
+	c.stats.BatchesSent += uint64(len(out))
+	return out
+}
+
+// ownLive returns every window and lease counter holding a value of our
+// current slot, sorted.
+func (c *Core) ownLive() ([]*crdt.Window, []*crdt.Series) {
+	var wins []*crdt.Window
+	var ls []*crdt.Series
+	for _, name := range c.RuleNames() {
+		c.limiters[name].Set().Each(func(s *crdt.Series) {
+			for _, w := range s.Windows {
+				if w.Attempted.Get(c.selfID) > 0 {
+					wins = append(wins, w)
+				}
+			}
+			if s.Leases.P.Get(c.selfID) > 0 {
+				ls = append(ls, s)
+			}
+		})
+	}
+	sortWindows(wins)
+	sortSeries(ls)
+	return wins, ls
+}
+
+func (c *Core) markAllDirty() {
+	wins, ls := c.ownLive()
+	for _, w := range wins {
+		c.c.MarkDirty(w)
+	}
+	for _, s := range ls {
+		c.c.MarkLeasesDirty(s)
+	}
+}
+
+// ownSlot reports whether id is one of this member's slots: the current
+// incarnation's or an earlier one's (restored from disk, or left behind by
+// a new incarnation taken after an eviction).
+func (c *Core) ownSlot(id crdt.SlotID) bool {
+	return id == c.selfID || c.slots.Slot(id).Peer == c.self.Peer
+}
+
+// fullState builds a full state at now (FlagFull and flags; see
+// AntiEntropy): every live window value of our own slots, or with relay of
+// every slot, the lease counts of our current slot (with relay, of every
+// live slot), the member table and the slots we evicted, the last batch
+// flagged FlagLast. It takes no sequence number.
+func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch {
+	nowMs := c.MeshMs(now)
+	var out []*crdt.Batch
+	var b *crdt.Batch
+	var index map[crdt.SlotID]uint32
+	newBatch := func() {
+		b = &crdt.Batch{
+			Version: crdt.Version, From: c.self, Seq: c.out.seq, Sent: nowMs, Clock: now.UnixMilli(),
+			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags | crdt.FlagEcho,
+		}
+		index = make(map[crdt.SlotID]uint32)
+		out = append(out, b)
+	}
+	// slot returns id's index in the current batch, starting a new batch
+	// when the current one is full.
+	slot := func(id crdt.SlotID) uint32 {
+		if len(b.Windows)+len(b.Leases) >= batchEntries {
+			newBatch()
+		}
+		if id == c.selfID {
+			return 0
+		}
+		if i, ok := index[id]; ok {
+			return i
+		}
+		if len(b.Slots) >= crdt.MaxSlots {
+			newBatch()
+		}
+		b.Slots = append(b.Slots, c.slots.Slot(id))
+		index[id] = uint32(len(b.Slots))
+		return index[id]
+	}
+	newBatch()
+	for _, e := range c.members.evictions {
+		if len(b.Evicted) < crdt.MaxEvicted {
+			b.Evicted = append(b.Evicted, e.slot)
+		}
+	}
+	for _, m := range c.members.order {
+		if len(b.Members) >= crdt.MaxMembers {
+			newBatch()
+		}
+		b.Members = append(b.Members, crdt.MemberEntry{Peer: m.peer, Incarnation: m.inc, State: uint8(m.state)})
+	}
+	for _, name := range c.RuleNames() {
+		var series []*crdt.Series
+		c.limiters[name].Set().Each(func(s *crdt.Series) { series = append(series, s) })
+		sort.Slice(series, func(i, j int) bool { return series[i].Key < series[j].Key })
+		for _, s := range series {
+			wins := slices.Clone(s.Windows)
+			sortWindows(wins)
+			for _, w := range wins {
+				if w.Expired(nowMs) {
+					continue
+				}
+				w.Attempted.Each(func(id crdt.SlotID, att uint64) {
+					if !relay && !c.ownSlot(id) {
+						return
+					}
+					i := slot(id)
+					b.Windows = append(b.Windows, crdt.WindowEntry{Slot: i, Rule: name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: w.Admitted.Get(id), Attempted: att})
+				})
+			}
+			s.Leases.P.Each(func(id crdt.SlotID, p uint64) {
+				if (id != c.selfID && !relay) || !c.liveSlot(id) {
+					return
+				}
+				i := slot(id)
+				b.Leases = append(b.Leases, crdt.LeaseEntry{Slot: i, Rule: name, Key: s.Key, Acquired: p, Released: s.Leases.N.Get(id)})
+			})
+		}
+	}
+	out[len(out)-1].Flags |= crdt.FlagLast
+	for _, b := range out {
+		c.stats.EntriesSent += uint64(len(b.Windows) + len(b.Leases))
+	}
+	c.stats.BatchesSent += uint64(len(out))
+	return out
+}
