@@ -37,11 +37,15 @@
 //		case in := <-inbound: // HandleBatch
 //			core.Step(time.Now(), in.Batch)
 //		case p := <-connected: // PeerConnected: anti-entropy on connect
-//			go m.SendDirect(ctx, p, core.FullState(time.Now()))
+//			for _, d := range core.AntiEntropy(time.Now(), p).Direct {
+//				go m.SendDirect(ctx, p, d.Batches)
+//			}
 //		case <-ticker.C:
-//			for _, b := range core.Tick(time.Now()).Messages {
+//			rd := core.Tick(time.Now())
+//			for _, b := range rd.Messages {
 //				m.Publish(ctx, b)
 //			}
+//			… // rd.Direct: relays, with SendDirect
 //		}
 //	}
 //

@@ -71,11 +71,12 @@ type CoreConfig struct {
 	Join        bool
 	JoinTimeout time.Duration
 	// MaxSkew is the clock offset to the mesh beyond which the member
-	// reports SkewExceeded.
+	// reports the skew (Ready.Skew).
 	MaxSkew time.Duration
 	// LocalClock opens and counts windows on the member's own clock, with
-	// no offset correction: mesh time (DESIGN.md, Time) off. The offset is
-	// still estimated (Offset, SkewExceeded); only MeshMs ignores it. It is
+	// no offset correction: mesh time (docs/design.md, "Mesh time") off.
+	// The offset is still estimated (Offset, Ready.Skew); only MeshMs
+	// ignores it. It is
 	// for measuring what mesh time buys (the simulator's clock-skew
 	// comparison); the zero value, false, keeps mesh time on.
 	LocalClock bool

@@ -25,10 +25,19 @@ func (e *NotOwnerError) Error() string {
 	return fmt.Sprintf("node: lease is owned by peer %s", e.Owner)
 }
 
-// Ready is what a Tick asks the caller to do.
+// Ready is what the core asks its owner to do: every output of the core
+// comes in one, returned by Tick, AntiEntropy and Leave. The owner acts on
+// its fields in order: publish Messages, send each Direct, and note the
+// rest. The batches are shared by every recipient and must not be
+// modified.
 type Ready struct {
 	// Messages are to be published to every member, in order.
 	Messages []*crdt.Batch
+	// Direct are batches for some peers alone, sent directly (the
+	// anti-entropy stream): full states answering new connections
+	// (AntiEntropy) and relays of this member's whole view answering the
+	// peers that asked for one (crdt.FlagWant; Tick).
+	Direct []Direct
 	// Changes are membership transitions since the last Tick.
 	Changes []MemberChange
 	// NewIncarnation, when non-zero, is an incarnation the core switched
@@ -38,9 +47,37 @@ type Ready struct {
 	// JoinTimedOut that it did so because join_timeout passed without an
 	// anti-entropy exchange.
 	Joined, JoinTimedOut bool
-	// Relays are the peers that asked for this member's whole view
-	// (crdt.FlagWant): send each RelayState, directly.
-	Relays []string
+	// Fence, when not nil, reports that the member fenced itself or that
+	// its fence lifted since the last Tick (see Core.Fenced).
+	Fence *FenceChange
+	// Skew, when not nil, reports that the clock offset to the mesh went
+	// beyond max_skew or came back within it since the last Tick.
+	Skew *SkewChange
+	// NextTick is when Tick next has timed work to do (Tick only; zero
+	// otherwise). Tick at least every SyncInterval all the same.
+	NextTick time.Time
+}
+
+// Direct is batches for some peers alone: each peer in To gets all of
+// Batches, in order.
+type Direct struct {
+	To      []string
+	Batches []*crdt.Batch
+}
+
+// FenceChange is a change of the fence (Ready.Fence): Fenced tells whether
+// it went up, Alive and Live are the alive and live members, self
+// included, as of the change.
+type FenceChange struct {
+	Fenced      bool
+	Alive, Live int
+}
+
+// SkewChange is a change of the clock skew (Ready.Skew): Exceeded tells
+// whether the estimated offset to the mesh, Offset, is beyond max_skew.
+type SkewChange struct {
+	Exceeded bool
+	Offset   time.Duration
 }
 
 // Stats counts what the core has done; every field only grows.
@@ -199,10 +236,6 @@ func (c *Core) MeshMs(now time.Time) int64 { return c.clock.meshMs(now) }
 
 // Offset returns the member's estimated clock offset to the mesh.
 func (c *Core) Offset() time.Duration { return c.clock.offset() }
-
-// SkewExceeded reports whether the estimated offset to the mesh is beyond
-// max_skew.
-func (c *Core) SkewExceeded() bool { return c.clock.exceeded() }
 
 // Container exposes the replicated counters, read-only by contract.
 func (c *Core) Container() *crdt.Container { return c.c }
@@ -417,16 +450,19 @@ func (c *Core) Tick(now time.Time) Ready {
 		c.nextCollect = now.Add(c.collectEvery())
 		c.members.forgetEvictions(now)
 	}
+	if len(c.join.wants) > 0 {
+		rd.Direct = []Direct{c.relay(now, c.join.wants)}
+		c.join.wants = nil
+	}
 	rd.Changes, c.members.changes = c.members.changes, nil
 	rd.NewIncarnation, c.newInc = c.newInc, 0
 	rd.Joined, rd.JoinTimedOut = c.join.became, c.join.timedOut
-	rd.Relays, c.join.wants = c.join.wants, nil
 	c.join.became, c.join.timedOut = false, false
+	rd.Fence = c.members.fenceChange()
+	rd.Skew = c.clock.skewChange()
+	rd.NextTick = c.out.nextSync
 	return rd
 }
-
-// NextTick returns when Tick next has timed work to do.
-func (c *Core) NextTick() time.Time { return c.out.nextSync }
 
 func (c *Core) collectEvery() time.Duration {
 	every := time.Second
@@ -447,40 +483,55 @@ func (c *Core) longestWindowMs() int64 {
 	return longest
 }
 
-// FullState returns what this member sends a peer on every new connection:
+// AntiEntropy returns what this member sends a peer on every new
+// connection, for each of peers: one Direct carrying its full state,
 // batches flagged FlagFull with every live window value of its own slots
 // (the current incarnation's and earlier ones': a member evicted during a
 // partition has taken a new incarnation by the time it reconnects), the
 // lease counts of its current slot, its member table and the slots it
-// evicted; the last is flagged FlagLast.
-// While joining or fenced it also sets FlagWant: the peer answers with a
-// relay of its whole view (RelayState), which is what readiness waits
-// for. They take no sequence number and are meant for that peer alone.
-func (c *Core) FullState(now time.Time) []*crdt.Batch {
+// evicted; the last is flagged FlagLast. While joining or fenced it also
+// sets FlagWant: the peer answers with a relay of its whole view (see
+// relay), which is what readiness waits for. The batches take no sequence
+// number and are meant for those peers alone.
+func (c *Core) AntiEntropy(now time.Time, peers ...string) Ready {
+	if len(peers) == 0 {
+		return Ready{}
+	}
 	flags := crdt.FlagFull
 	if !c.join.joined || c.members.fenced {
 		flags |= crdt.FlagWant
 	}
-	return c.fullState(now, flags, false)
+	return Ready{Direct: []Direct{c.direct(peers, c.fullState(now, flags, false))}}
 }
 
-// RelayState returns the answer to a peer's FlagWant: like FullState, plus
-// every live value this member holds of other slots — other members',
-// dead and left members', earlier incarnations' windows, and the lease
-// counts of live slots — flagged FlagRelay. Merge is per-slot max, so a
-// relayed value can only raise what the receiver knows, never let it
-// admit more.
-func (c *Core) RelayState(now time.Time) []*crdt.Batch {
-	return c.fullState(now, crdt.FlagFull|crdt.FlagRelay, true)
+// relay returns the answer to the peers that asked for this member's whole
+// view (FlagWant): like AntiEntropy's full state, plus every live value
+// this member holds of other slots — other members', dead and left
+// members', earlier incarnations' windows, and the lease counts of live
+// slots — flagged FlagRelay. Merge is per-slot max, so a relayed value can
+// only raise what the receiver knows, never let it admit more.
+func (c *Core) relay(now time.Time, peers []string) Direct {
+	return c.direct(peers, c.fullState(now, crdt.FlagFull|crdt.FlagRelay, true))
 }
 
-// Leave returns the final batches of a graceful leave: own pending changes
-// and the leave announcement. The core serves nothing afterwards.
-func (c *Core) Leave(now time.Time) []*crdt.Batch {
-	if c.closed {
-		return nil
+// direct returns bs for peers, counted as sent to each of them.
+func (c *Core) direct(peers []string, bs []*crdt.Batch) Direct {
+	k := uint64(len(peers))
+	for _, b := range bs {
+		c.stats.EntriesSent += k * uint64(len(b.Windows)+len(b.Leases))
 	}
-	out := c.flush(now, crdt.FlagLeaving)
+	c.stats.BatchesSent += k * uint64(len(bs))
+	return Direct{To: peers, Batches: bs}
+}
+
+// Leave returns the final batches of a graceful leave in Messages: own
+// pending changes and the leave announcement. The core serves nothing
+// afterwards; a second Leave returns nothing.
+func (c *Core) Leave(now time.Time) Ready {
+	if c.closed {
+		return Ready{}
+	}
+	rd := Ready{Messages: c.flush(now, crdt.FlagLeaving)}
 	c.closed = true
-	return out
+	return rd
 }

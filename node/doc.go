@@ -2,11 +2,13 @@
 // edges.
 //
 // The Core is a state machine in the style of raft's RawNode. It decides
-// requests, merges the batches peers publish, and on every Tick says what
-// to publish and which members changed state. It takes the time as an
-// argument and a seeded *rand.Rand in its config, and never touches a
-// clock, a socket or a disk, so the simulator drives exactly the code
-// production runs. Its owner drives it like this:
+// requests, merges the batches peers publish, and hands every output back
+// as a Ready: the batches to publish, the batches to send one peer alone
+// (anti-entropy), membership changes, a new incarnation to persist, the
+// join, fence and clock-skew changes, and when to tick next. It takes the
+// time as an argument and never touches a clock, a socket or a disk, so
+// the simulator drives exactly the code production runs. Its owner drives
+// it like this (the runtime, Node, does it for a network):
 //
 //	cfg := node.DefaultCoreConfig()
 //	cfg.Peer, cfg.Rules = "peer-a", rules
@@ -14,19 +16,38 @@
 //	cfg.Rand = rand.New(rand.NewPCG(seed, seed))
 //	core, err := node.NewCore(cfg, time.Now())
 //	for {
+//		var rd node.Ready
 //		select {
 //		case in := <-inbound: // from a Transport
 //			core.Step(time.Now(), in.Batch)
-//		case <-ticker.C: // at least every SyncInterval
-//			rd := core.Tick(time.Now())
-//			for _, b := range rd.Messages {
-//				transport.Publish(ctx, b)
-//			}
+//		case peer := <-connected: // anti-entropy on connect
+//			core.ExpectState(peer)
+//			rd = core.AntiEntropy(time.Now(), peer)
+//		case <-ticker.C: // at least every SyncInterval (Ready.NextTick)
+//			rd = core.Tick(time.Now())
 //		case req := <-requests:
 //			d, err := core.Allow(time.Now(), req.Rule, req.Key, req.Request)
 //			…
 //		}
+//		for _, b := range rd.Messages {
+//			transport.Publish(ctx, b)
+//		}
+//		for _, d := range rd.Direct {
+//			for _, p := range d.To {
+//				transport.SendDirect(ctx, p, d.Batches)
+//			}
+//		}
+//		… // rd.Changes, rd.NewIncarnation, rd.Joined, rd.Fence, rd.Skew
 //	}
+//
+// The core's state is split by concern, each part a type with its
+// invariants in a file of its own: membership.go (the member table, and
+// reclaims), outbox.go (what it publishes, and the batches awaiting
+// acknowledgement), acks.go (the gossip it receives: gaps to nack, the
+// acknowledgement watermark), meshclock.go (mesh time and clock echoes),
+// join.go (joining and rejoining), leases.go (the leases it owns) and
+// decide.go (decisions). docs/design.md describes the design they
+// implement.
 //
 // # Decisions
 //

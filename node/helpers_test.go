@@ -24,6 +24,30 @@ func reportSeed(t testing.TB, seed uint64) {
 	})
 }
 
+// fullState returns what c answers a new connection from peer at now: its
+// full state (Core.AntiEntropy).
+func fullState(t testing.TB, c *node.Core, now time.Time, peer string) []*crdt.Batch {
+	t.Helper()
+	rd := c.AntiEntropy(now, peer)
+	if len(rd.Direct) != 1 || !slices.Equal(rd.Direct[0].To, []string{peer}) {
+		t.Fatalf("AntiEntropy(%q) = %+v, want one Direct to it", peer, rd.Direct)
+	}
+	return rd.Direct[0].Batches
+}
+
+// relayTo ticks c at now and returns the relay of its whole view that the
+// Tick addresses to peer (which asked for one with its full state).
+func relayTo(t testing.TB, c *node.Core, now time.Time, peer string) []*crdt.Batch {
+	t.Helper()
+	for _, d := range c.Tick(now).Direct {
+		if slices.Contains(d.To, peer) {
+			return d.Batches
+		}
+	}
+	t.Fatalf("%s's Tick sends no relay to %s", c.Self().Peer, peer)
+	return nil
+}
+
 // clusterAt builds n cores started at start on a fresh network.
 func clusterAt(t testing.TB, n int, seed uint64, start time.Time, rules []limiter.Rule, mut func(*node.CoreConfig)) *nodetest.Network {
 	t.Helper()

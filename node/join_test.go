@@ -191,20 +191,16 @@ func TestCoreJoinWaitsForEveryExpectedState(t *testing.T) {
 	j.ExpectState("a")
 	j.ExpectState("b")
 	now := t0.Add(10 * time.Millisecond)
-	for _, bt := range a.RelayState(now) {
-		if err := j.Step(now, bt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// j's full states ask a and b for their whole view (FlagWant); each
+	// answers with a relay in its next Tick's Ready.
+	stepAll(t, a, now, fullState(t, j, now, "a"))
+	stepAll(t, b, now, fullState(t, j, now, "b"))
+	stepAll(t, j, now, relayTo(t, a, now, "j"))
 	if j.Ready() {
 		t.Fatal("ready after a's full state while b's is still expected")
 	}
 	j.ExpectState("a") // a repeated connection of a peer already heard: nothing to wait for
-	for _, bt := range b.RelayState(now) {
-		if err := j.Step(now, bt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	stepAll(t, j, now, relayTo(t, b, now, "j"))
 	if !j.Ready() {
 		t.Fatal("not ready after every expected full state arrived")
 	}

@@ -37,7 +37,9 @@ type membership struct {
 	scale  float64   // partition scale of every limit
 	// fenced: under Strict, this member's side holds no majority of the
 	// members (recount); it denies with limiter.ReasonFenced.
-	fenced    bool
+	fenced bool
+	// fenceSeen is fenced as of the last fenceChange.
+	fenceSeen bool
 	evictions []eviction     // slots we evicted, announced for evictMemory
 	changes   []MemberChange // transitions since the last Ready
 }
@@ -112,6 +114,16 @@ func (ms *membership) recount(self string, policy Policy) {
 // majority of the live ones; half, whether they are exactly half.
 func (ms *membership) majority() bool { return 2*ms.nAlive > ms.n }
 func (ms *membership) half() bool     { return 2*ms.nAlive == ms.n }
+
+// fenceChange returns the change of fenced since the last call that
+// returned one (initially: not fenced), or nil.
+func (ms *membership) fenceChange() *FenceChange {
+	if ms.fenced == ms.fenceSeen {
+		return nil
+	}
+	ms.fenceSeen = ms.fenced
+	return &FenceChange{Fenced: ms.fenced, Alive: ms.nAlive, Live: ms.n}
+}
 
 // forgetEvictions stops announcing evictions older than evictMemory.
 func (ms *membership) forgetEvictions(now time.Time) {

@@ -358,8 +358,8 @@ func TestCoreLateBatchDoesNotUndoLeave(t *testing.T) {
 			a := newCore(t, "a", 91, t0, rules, mut)
 			b := newCore(t, "b", 92, t0, rules, mut)
 			now := t0
-			stepAll(t, a, now, b.FullState(now))
-			stepAll(t, b, now, a.FullState(now))
+			stepAll(t, a, now, fullState(t, b, now, "a"))
+			stepAll(t, b, now, fullState(t, a, now, "b"))
 			a.Tick(now)
 			if _, err := b.Allow(now, "api", "k", limiter.Request{}); err != nil {
 				t.Fatal(err)
@@ -369,7 +369,7 @@ func TestCoreLateBatchDoesNotUndoLeave(t *testing.T) {
 			if _, err := b.Allow(now, "api", "k", limiter.Request{}); err != nil {
 				t.Fatal(err)
 			}
-			leave := b.Leave(now)
+			leave := b.Leave(now).Messages
 			now = now.Add(5 * time.Millisecond)
 			stepAll(t, a, now, leave)
 			stepAll(t, a, now, early) // late

@@ -34,6 +34,8 @@ type meshClock struct {
 	echoQ    []*member // members owing an echo, in the order they came to owe it
 	echoOK   bool      // every live member has announced crdt.FlagEcho
 	next     time.Time // the next re-estimate
+	// skewed is exceeded as of the last skewChange.
+	skewed bool
 }
 
 // newMeshClock returns the mesh clock of a member started at now. The
@@ -163,6 +165,16 @@ func (k *meshClock) offset() time.Duration { return time.Duration(k.offsetMs) * 
 // exceeded reports whether the estimated offset is beyond max_skew.
 func (k *meshClock) exceeded() bool {
 	return time.Duration(abs(k.offsetMs))*time.Millisecond > k.maxSkew
+}
+
+// skewChange returns the change of exceeded since the last call that
+// returned one (initially: not exceeded), or nil.
+func (k *meshClock) skewChange() *SkewChange {
+	if ex := k.exceeded(); ex != k.skewed {
+		k.skewed = ex
+		return &SkewChange{Exceeded: ex, Offset: k.offset()}
+	}
+	return nil
 }
 
 func abs(x int64) int64 {

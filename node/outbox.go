@@ -368,11 +368,12 @@ func (c *Core) ownSlot(id crdt.SlotID) bool {
 	return id == c.selfID || c.slots.Slot(id).Peer == c.self.Peer
 }
 
-// fullState builds a full state at now (FlagFull and flags; see
-// AntiEntropy): every live window value of our own slots, or with relay of
+// fullState builds a full state at now (flags; see AntiEntropy and
+// Core.relay): every live window value of our own slots, or with relay of
 // every slot, the lease counts of our current slot (with relay, of every
 // live slot), the member table and the slots we evicted, the last batch
-// flagged FlagLast. It takes no sequence number.
+// flagged FlagLast. It takes no sequence number; the caller counts it in
+// the stats (Core.direct).
 func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch {
 	nowMs := c.MeshMs(now)
 	var out []*crdt.Batch
@@ -446,9 +447,5 @@ func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch 
 		}
 	}
 	out[len(out)-1].Flags |= crdt.FlagLast
-	for _, b := range out {
-		c.stats.EntriesSent += uint64(len(b.Windows) + len(b.Leases))
-	}
-	c.stats.BatchesSent += uint64(len(out))
 	return out
 }

@@ -69,7 +69,7 @@ func TestPersisterExportsOnlyChanged(t *testing.T) {
 	// b's full state again: merges that raise nothing. a's own k07 is
 	// still waiting for gossip; it was exported and has not changed.
 	t2 := t1.Add(time.Second)
-	for _, bt := range b.FullState(t2) {
+	for _, bt := range fullState(t, b, t2, "a") {
 		if err := a.Step(t2, bt); err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/limiter"
 )
 
@@ -172,8 +171,6 @@ type Node struct {
 	ready   atomic.Bool
 	readyCh chan struct{}
 	health  atomic.Int32 // a Health, as of the latest step or tick
-	skewed  bool         // owned by the run loop
-	fenced  bool         // owned by the run loop: the latest Health logged
 
 	closeOnce sync.Once
 	closeErr  error
@@ -437,35 +434,31 @@ func (n *Node) noteHealth() {
 // joining, or fenced (/healthz answers it).
 func (n *Node) Health() Health { return Health(n.health.Load()) }
 
-// answer sends the member's full state to a peer that connected.
-func (n *Node) answer(peer string) {
+// answer sends the member's full state to peers that connected.
+func (n *Node) answer(peers ...string) {
 	n.mu.Lock()
-	bs := n.core.FullState(n.readClock())
+	rd := n.core.AntiEntropy(n.readClock(), peers...)
 	n.mu.Unlock()
-	n.sendDirect(peer, bs)
+	n.sendDirect(rd.Direct)
 }
 
-// relay sends the member's whole view to a peer that asked for it
-// (Ready.Relays).
-func (n *Node) relay(peer string) {
-	n.mu.Lock()
-	bs := n.core.RelayState(n.readClock())
-	n.mu.Unlock()
-	n.sendDirect(peer, bs)
-}
-
-// sendDirect sends bs to peer alone.
-func (n *Node) sendDirect(peer string, bs []*crdt.Batch) {
-	// Sent from a goroutine of its own: SendDirect may wait for a slow or
-	// unreachable peer up to the transport's sync timeout, and the loop's
-	// ticks and merges must not wait with it. Close waits for these.
-	n.answers.Add(1)
-	go func() {
-		defer n.answers.Done()
-		if err := n.cfg.Transport.SendDirect(n.ctx, peer, bs); err != nil && n.ctx.Err() == nil {
-			n.log.Warn("anti-entropy", "to", peer, "err", err)
+// sendDirect sends each Direct's batches to its peers alone.
+func (n *Node) sendDirect(ds []Direct) {
+	for _, d := range ds {
+		for _, peer := range d.To {
+			// Sent from a goroutine of its own: SendDirect may wait for a
+			// slow or unreachable peer up to the transport's sync timeout,
+			// and the loop's ticks and merges must not wait with it. Close
+			// waits for these.
+			n.answers.Add(1)
+			go func() {
+				defer n.answers.Done()
+				if err := n.cfg.Transport.SendDirect(n.ctx, peer, d.Batches); err != nil && n.ctx.Err() == nil {
+					n.log.Warn("anti-entropy", "to", peer, "err", err)
+				}
+			}()
 		}
-	}()
+	}
 }
 
 // tick ticks the core, acts on its Ready and returns when to tick next.
@@ -477,18 +470,13 @@ func (n *Node) tick() time.Duration {
 	if len(n.waiters) > 0 {
 		n.wake(now) // acknowledgements applied, leases expired, windows turned: decide held requests again
 	}
-	next := n.core.NextTick().Sub(now)
-	skewed, offset := n.core.SkewExceeded(), n.core.Offset()
 	n.noteHealth()
-	fenced := n.core.Fenced()
-	alive, members := n.core.Alive()
 	n.mu.Unlock()
-	if fenced != n.fenced {
-		n.fenced = fenced
-		if fenced {
-			n.log.Error("fenced: this side of a partition holds no majority of the members; denying every decision until it heals (strict policy)", "alive", alive, "members", members)
+	if f := rd.Fence; f != nil {
+		if f.Fenced {
+			n.log.Error("fenced: this side of a partition holds no majority of the members; denying every decision until it heals (strict policy)", "alive", f.Alive, "members", f.Live)
 		} else {
-			n.log.Warn("fence lifted; serving again once the members heard again have sent their state", "alive", alive, "members", members)
+			n.log.Warn("fence lifted; serving again once the members heard again have sent their state", "alive", f.Alive, "members", f.Live)
 		}
 	}
 	for _, b := range rd.Messages {
@@ -499,9 +487,8 @@ func (n *Node) tick() time.Duration {
 			break
 		}
 	}
-	for _, p := range rd.Relays {
-		n.relay(p)
-	}
+	n.sendDirect(rd.Direct) // relays of our whole view
+	var again []string
 	for _, c := range rd.Changes {
 		if c.New {
 			n.log.Info("member", "member", c.Peer, "incarnation", c.Incarnation, "state", c.To.String(), "new", true)
@@ -514,8 +501,11 @@ func (n *Node) tick() time.Duration {
 			// stayed up: full states go out by themselves only to new
 			// connections, and a member whose fence lifted serves again
 			// only once it holds ours, or after join_timeout.
-			n.answer(c.Peer)
+			again = append(again, c.Peer)
 		}
+	}
+	if len(again) > 0 {
+		n.answer(again...)
 	}
 	if rd.NewIncarnation != 0 {
 		n.log.Warn("evicted by the mesh; took a new incarnation", "incarnation", rd.NewIncarnation)
@@ -531,15 +521,14 @@ func (n *Node) tick() time.Duration {
 		}
 		n.markReady()
 	}
-	if skewed != n.skewed {
-		n.skewed = skewed
-		if skewed {
-			n.log.Error("clock offset to the mesh beyond max_skew; fix this host's clock", "offset", offset, "max_skew", n.cfg.MaxSkew)
+	if sk := rd.Skew; sk != nil {
+		if sk.Exceeded {
+			n.log.Error("clock offset to the mesh beyond max_skew; fix this host's clock", "offset", sk.Offset, "max_skew", n.cfg.MaxSkew)
 		} else {
-			n.log.Info("clock offset to the mesh back within max_skew", "offset", offset)
+			n.log.Info("clock offset to the mesh back within max_skew", "offset", sk.Offset)
 		}
 	}
-	return min(max(next, 0), n.cfg.SyncInterval)
+	return min(max(rd.NextTick.Sub(now), 0), n.cfg.SyncInterval)
 }
 
 // Close leaves the mesh gracefully: it stops the run loop, publishes the
@@ -558,7 +547,7 @@ func (n *Node) shutdown(closeStore bool) error {
 	close(n.quit)
 	<-n.loopDone
 	n.mu.Lock()
-	bs := n.core.Leave(n.readClock())
+	bs := n.core.Leave(n.readClock()).Messages
 	n.closed = true
 	n.mu.Unlock()
 	n.cancel()

@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/node"
 )
 
 // TestCoreClockSkew runs 5 cores, one with its clock off by a fixed
 // amount: after a few heartbeats its Offset() is about minus that (less at
 // most the one-way latency), the others' about zero, and every core's
 // MeshMs agrees within 20 ms, so they open windows together. Beyond
-// max_skew (500 ms) the skewed core reports SkewExceeded.
+// max_skew (500 ms) the skewed core reports the skew in its Ready.
 func TestCoreClockSkew(t *testing.T) {
 	const delay = 5 * time.Millisecond
 	for _, skew := range []time.Duration{400 * time.Millisecond, -300 * time.Millisecond, 700 * time.Millisecond} {
@@ -22,6 +23,12 @@ func TestCoreClockSkew(t *testing.T) {
 			net := cluster(t, 5, seed, apiRule(limiter.FixedWindow, 1000), nil)
 			net.Delay = delay
 			net.Skew(4, skew)
+			exceeded := make([]bool, net.Len()) // as the members' Readies report it
+			net.OnReady = func(i int, _ time.Time, rd node.Ready) {
+				if rd.Skew != nil {
+					exceeded[i] = rd.Skew.Exceeded
+				}
+			}
 			run(t, net, 3200*time.Millisecond, nil)
 
 			// A receiver measures the sender's raw clock minus its own at
@@ -38,8 +45,8 @@ func TestCoreClockSkew(t *testing.T) {
 				if got := c.Offset(); !within(got, want, 2*time.Millisecond) {
 					t.Errorf("member %d: Offset() = %v, want about %v", i, got, want)
 				}
-				if got, want := c.SkewExceeded(), i == 4 && skew > 500*time.Millisecond; got != want {
-					t.Errorf("member %d: SkewExceeded() = %v, want %v", i, got, want)
+				if got, want := exceeded[i], i == 4 && skew > 500*time.Millisecond; got != want {
+					t.Errorf("member %d: Ready.Skew says exceeded %v, want %v", i, got, want)
 				}
 			}
 			ref := net.Core(0).MeshMs(net.Local(0))

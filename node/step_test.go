@@ -94,7 +94,7 @@ func TestCoreStepIsIdempotent(t *testing.T) {
 					}
 				}
 				if rng.IntN(20) == 0 {
-					for _, b := range authors[rng.IntN(2)].FullState(now) {
+					for _, b := range fullState(t, authors[rng.IntN(2)], now, "rx") {
 						step(wire(t, b))
 					}
 				}

@@ -15,7 +15,7 @@
 //		apply the events due at t        // partitions, crashes, joins, rate changes, churn
 //		deliver the batches due at t     // core.Step(local clock, batch) per receiver
 //		generate the requests of t       // core.Allow per request, Poisson arrivals
-//		tick the nodes whose NextTick ≤ t // core.Tick; publish Ready.Messages
+//		tick the nodes due at t          // core.Tick; publish Ready.Messages, send Ready.Direct; next tick at Ready.NextTick
 //	}
 //
 // That is what every core sees. The engine runs it faster: a receiver's
@@ -50,7 +50,7 @@
 // the sender's partition group, each after latency plus a uniform jitter
 // draw rounded up to whole milliseconds, unless a per-receiver loss draw
 // drops it. A delivery whose endpoints were partitioned apart while it was
-// in flight is lost. Anti-entropy (each side's Core.FullState, direct, never
+// in flight is lost. Anti-entropy (each side's Core.AntiEntropy, direct, never
 // lost) runs between newly connected pairs on heal, and between a joining or
 // restarted node and every reachable node. The nodes present at the start
 // form their mesh before time 0: each receives every other's full state at

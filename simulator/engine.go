@@ -359,7 +359,15 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 	s.refreshUp()
 	states := make([][]*crdt.Batch, sc.Nodes)
 	for i := 0; i < sc.Nodes; i++ {
-		states[i] = s.nodes[i].core.FullState(s.local(i))
+		others := make([]string, 0, sc.Nodes-1)
+		for j := 0; j < sc.Nodes; j++ {
+			if j != i {
+				others = append(others, s.nodes[j].peer)
+			}
+		}
+		for _, d := range s.nodes[i].core.AntiEntropy(s.local(i), others...).Direct {
+			states[i] = d.Batches
+		}
 	}
 	for j := 0; j < sc.Nodes; j++ {
 		for i := 0; i < sc.Nodes; i++ {
@@ -766,10 +774,10 @@ func (s *sim) direct(from, to int, bs []*crdt.Batch) {
 	}
 }
 
-// relay answers a peer's request for node from's whole view (a joiner,
-// restarted or fenced node's FlagWant) with its RelayState, directly, if
-// that peer is up and reachable.
-func (s *sim) relay(from int, peer string) error {
+// relay sends node from's relay of its whole view (bs, the answer to a
+// joiner, restarted or fenced node's FlagWant in its Ready) to that peer,
+// directly, if it is up and reachable.
+func (s *sim) relay(from int, peer string, bs []*crdt.Batch) error {
 	to := -1
 	for _, r := range s.upList {
 		if s.nodes[r].peer == peer {
@@ -779,7 +787,6 @@ func (s *sim) relay(from int, peer string) error {
 	if to < 0 || s.nodes[to].group != s.nodes[from].group {
 		return nil
 	}
-	bs := s.nodes[from].core.RelayState(s.local(from))
 	if err := s.countDirect(from, bs); err != nil {
 		return err
 	}
@@ -800,9 +807,11 @@ func (s *sim) tick() error {
 				return err
 			}
 		}
-		for _, p := range rd.Relays {
-			if err := s.relay(int(r), p); err != nil {
-				return err
+		for _, d := range rd.Direct {
+			for _, p := range d.To {
+				if err := s.relay(int(r), p, d.Batches); err != nil {
+					return err
+				}
 			}
 		}
 		if rd.NewIncarnation != 0 {
@@ -812,7 +821,7 @@ func (s *sim) tick() error {
 		if err := s.expireNodeLeases(int(r)); err != nil { // leases.go
 			return err
 		}
-		next := n.core.NextTick().Sub(epoch) - time.Duration(n.skewNs)
+		next := rd.NextTick.Sub(epoch) - time.Duration(n.skewNs)
 		ms := int64((next + time.Millisecond - 1) / time.Millisecond)
 		n.nextTick = min(max(ms, s.now+1), s.now+s.syncMs)
 	}

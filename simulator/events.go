@@ -92,7 +92,7 @@ func (s *sim) apply(e simEvent) error {
 				s.skipped++
 				continue
 			}
-			for _, b := range n.core.Leave(s.local(i)) {
+			for _, b := range n.core.Leave(s.local(i)).Messages {
 				if err := s.publish(i, b); err != nil {
 					return err
 				}
@@ -155,17 +155,16 @@ func (s *sim) groups() []int {
 // change from the old groups connected: each sends the other its full
 // state.
 func (s *sim) reconnect(old []int) error {
-	states := make(map[int][]*crdt.Batch)
+	var to []int32
 	for _, a := range s.upList {
+		to = to[:0]
 		for _, b := range s.upList {
-			if a == b || old[a] == old[b] || s.nodes[a].group != s.nodes[b].group {
-				continue
+			if a != b && old[a] != old[b] && s.nodes[a].group == s.nodes[b].group {
+				to = append(to, b)
 			}
-			st, ok := states[int(a)]
-			if !ok {
-				st = s.nodes[a].core.FullState(s.local(int(a)))
-				states[int(a)] = st
-			}
+		}
+		st := s.fullState(int(a), to)
+		for _, b := range to {
 			if err := s.countDirect(int(a), st); err != nil {
 				return err
 			}
@@ -173,6 +172,19 @@ func (s *sim) reconnect(old []int) error {
 		}
 	}
 	return nil
+}
+
+// fullState returns node i's answer to new connections from the nodes to
+// (its Core.AntiEntropy), nil for none.
+func (s *sim) fullState(i int, to []int32) []*crdt.Batch {
+	if len(to) == 0 {
+		return nil
+	}
+	peers := make([]string, len(to))
+	for k, j := range to {
+		peers[k] = s.nodes[j].peer
+	}
+	return s.nodes[i].core.AntiEntropy(s.local(i), peers...).Direct[0].Batches
 }
 
 // countDirect counts one direct send of bs by node from.
@@ -242,13 +254,17 @@ func (s *sim) bootstrap(i int) error {
 // antiEntropy exchanges full states between node i and node only, or every
 // up node in its group but skip when only is −1.
 func (s *sim) antiEntropy(i, only, skip int) error {
-	mine := s.nodes[i].core.FullState(s.local(i))
+	var to []int32
 	for _, r := range s.upList {
 		j := int(r)
-		if j == i || j == skip || s.nodes[j].group != s.nodes[i].group || (only >= 0 && j != only) {
-			continue
+		if j != i && j != skip && s.nodes[j].group == s.nodes[i].group && (only < 0 || j == only) {
+			to = append(to, r)
 		}
-		theirs := s.nodes[j].core.FullState(s.local(j))
+	}
+	mine := s.fullState(i, to)
+	for _, r := range to {
+		j := int(r)
+		theirs := s.fullState(j, []int32{int32(i)})
 		if err := s.countDirect(j, theirs); err != nil {
 			return err
 		}

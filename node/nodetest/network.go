@@ -229,10 +229,10 @@ func (n *Network) Crash(i int) { n.members[i].down = true }
 // Down reports whether member i is stopped (crashed or left).
 func (n *Network) Down(i int) bool { return n.members[i].down }
 
-// Leave makes member i leave gracefully: it publishes what the core's
-// Leave returns to every reachable member and then stops, like Crash.
+// Leave makes member i leave gracefully: it publishes the messages of
+// the core's Leave to every reachable member and then stops, like Crash.
 func (n *Network) Leave(i int) {
-	for _, b := range n.members[i].core.Leave(n.Local(i)) {
+	for _, b := range n.members[i].core.Leave(n.Local(i)).Messages {
 		n.Publish(i, b)
 	}
 	n.members[i].down = true
@@ -339,11 +339,16 @@ func (n *Network) exchange(i int) {
 	}
 }
 
+// sendFull sends member from's answer to a new connection (its
+// Core.AntiEntropy) to member to.
 func (n *Network) sendFull(from, to int) {
 	if !n.Reachable(from, to) {
 		return
 	}
-	n.send(from, to, n.members[from].core.FullState(n.Local(from)))
+	rd := n.members[from].core.AntiEntropy(n.Local(from), n.members[to].core.Self().Peer)
+	for _, d := range rd.Direct {
+		n.send(from, to, d.Batches)
+	}
 }
 
 // send delivers batches from member from to member to alone, after Delay.
@@ -440,15 +445,23 @@ func (n *Network) Tick() {
 		for _, b := range rd.Messages {
 			n.Publish(i, b)
 		}
-		for _, p := range rd.Relays {
-			for j, o := range n.members {
-				if o.core.Self().Peer == p && n.Reachable(i, j) {
-					n.send(i, j, m.core.RelayState(n.Local(i)))
-				}
-			}
-		}
+		n.sendDirect(i, rd.Direct)
 		if n.OnReady != nil {
 			n.OnReady(i, n.Local(i), rd)
+		}
+	}
+}
+
+// sendDirect sends each Direct of member from to the reachable members it
+// names.
+func (n *Network) sendDirect(from int, ds []node.Direct) {
+	for _, d := range ds {
+		for _, p := range d.To {
+			for j, o := range n.members {
+				if o.core.Self().Peer == p && n.Reachable(from, j) {
+					n.send(from, j, d.Batches)
+				}
+			}
 		}
 	}
 }
