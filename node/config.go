@@ -107,8 +107,9 @@ func (c *CoreConfig) reclaimAfter() time.Duration {
 	return max(c.DeadAfter, c.minReclaim())
 }
 
-// DefaultCoreConfig returns the defaults of DESIGN.md's config file. Peer,
-// Incarnation and Rand are left for the caller.
+// DefaultCoreConfig returns the defaults of the config file
+// (docs/operations.md, "Config file"). Peer, Incarnation and Rand are left
+// for the caller.
 func DefaultCoreConfig() CoreConfig {
 	return CoreConfig{
 		SyncInterval:   20 * time.Millisecond,  // one batch per 20 ms keeps the unseen share small

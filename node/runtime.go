@@ -59,15 +59,17 @@ type Config struct {
 	// StartJoining makes Start return as soon as the transport is up,
 	// without waiting for the join: until it is ready the node answers
 	// every decision with a denial of reason ReasonJoining whose
-	// RetryAfter is the time left of JoinTimeout (DESIGN's joining rule),
-	// and Ready reports false; ReadyC tells when it turns ready. A daemon
-	// uses it to serve its API, /healthz saying "joining", during the
-	// join. By default Start waits until the node is ready.
+	// RetryAfter is the time left of JoinTimeout (docs/design.md,
+	// "Readiness"), and Ready reports false; ReadyC tells when it turns
+	// ready. A daemon uses it to serve its API, /healthz saying
+	// "joining", during the join. By default Start waits until the node
+	// is ready.
 	StartJoining bool
 }
 
-// DefaultConfig returns the defaults of DESIGN.md's config file (see
-// DefaultCoreConfig) for a node with an in-memory store.
+// DefaultConfig returns the defaults of the config file
+// (docs/operations.md, "Config file"; see DefaultCoreConfig) for a node
+// with an in-memory store.
 func DefaultConfig() Config {
 	return Config{
 		CoreConfig:       DefaultCoreConfig(),
@@ -852,7 +854,9 @@ func (n *Node) Peers() []PeerInfo {
 	return n.core.Peers(n.readClock())
 }
 
-// Evict removes a silent member at once (DESIGN.md's `peers evict`).
+// Evict removes a silent member at once (see Core.Evict): what `ratemesh
+// peers evict` asks for, under the strict policy, of a member known to be
+// gone for good.
 func (n *Node) Evict(peer string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
