@@ -1,0 +1,93 @@
+package node
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestJoinWaitsForEveryExpectedRelay checks the join: it waits for the
+// relay of every peer it expects, ignores expectations of itself and of
+// peers already heard, and reports the join once.
+func TestJoinWaitsForEveryExpectedRelay(t *testing.T) {
+	j := joinState{started: tIn}
+	j.expect("me", "a")
+	j.expect("me", "b")
+	j.expect("me", "me")
+	j.relayed("a")
+	if j.joined {
+		t.Fatal("joined with b's relay still expected")
+	}
+	j.expect("me", "a") // heard already: nothing more to wait for
+	j.relayed("b")
+	if !j.joined || !j.became || j.timedOut || j.stateFrom != nil || j.expecting != nil {
+		t.Fatalf("after every relay: %+v, want joined (not timed out) with nothing outstanding", j)
+	}
+	j.expect("me", "c") // joined: expects nothing any more
+	if j.expecting != nil {
+		t.Errorf("a joined member expects %v", j.expecting)
+	}
+}
+
+func TestJoinTimesOut(t *testing.T) {
+	j := joinState{started: tIn}
+	j.expect("me", "a")
+	const timeout = 3 * time.Second
+	if j.tick(tIn.Add(timeout-time.Millisecond), timeout) || j.joined {
+		t.Fatal("joined before join_timeout")
+	}
+	if left := j.left(tIn.Add(time.Second), timeout); left != 2*time.Second {
+		t.Errorf("left after 1 s = %v, want 2s", left)
+	}
+	if !j.tick(tIn.Add(timeout), timeout) || !j.joined || !j.became || !j.timedOut {
+		t.Fatalf("at join_timeout: %+v, want joined by timeout", j)
+	}
+	if j.tick(tIn.Add(2*timeout), timeout) {
+		t.Error("joined twice")
+	}
+}
+
+// TestJoinRejoinsWhenTheFenceLifts checks the rejoin: members heard again
+// while fenced whose relay has not arrived are expected again once the
+// fence lifts; one whose relay arrived, or that is no longer alive, is
+// not.
+func TestJoinRejoinsWhenTheFenceLifts(t *testing.T) {
+	j := joinState{started: tIn, joined: true}
+	alive := func(p string) bool { return p != "gone" }
+	now := tIn.Add(time.Minute)
+	if j.fence(now, true, "me", alive) {
+		t.Fatal("fencing made the member rejoin")
+	}
+	j.heard("a")
+	j.heard("b")
+	j.heard("gone")
+	j.relayed("b")
+	if !j.fence(now, false, "me", alive) {
+		t.Fatal("the fence lifted with a's relay missing and the member still serves")
+	}
+	if j.joined || !j.started.Equal(now) || !j.expecting["a"] || len(j.expecting) != 1 {
+		t.Errorf("after the fence lifted: joined %v, started %v, expecting %v; want joining since now, expecting a", j.joined, j.started, j.expecting)
+	}
+	if j.fence(now, false, "me", alive) {
+		t.Error("a second call without a fence rejoined again")
+	}
+	// Every member heard again has sent its relay: the fence lifts
+	// without a rejoin.
+	k := joinState{started: tIn, joined: true}
+	k.fence(now, true, "me", alive)
+	k.heard("a")
+	k.relayed("a")
+	if k.fence(now, false, "me", alive) || !k.joined {
+		t.Error("rejoined although every member heard again had sent its relay")
+	}
+}
+
+func TestJoinWantsOncePerPeer(t *testing.T) {
+	var j joinState
+	for _, p := range []string{"b", "a", "b"} {
+		j.want(p)
+	}
+	if !slices.Equal(j.wants, []string{"b", "a"}) {
+		t.Errorf("wants = %v, want [b a]", j.wants)
+	}
+}

@@ -1,0 +1,140 @@
+package node
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+)
+
+// tIn is the start of the internal tests' virtual time.
+var tIn = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// windows returns n windows of rule "r", keys k0…k(n-1), in one container.
+func windows(n int) []*crdt.Window {
+	set := crdt.NewContainer().Rule("r")
+	out := make([]*crdt.Window, n)
+	for i := range out {
+		out[i] = set.Ensure(string(rune('a'+i))).EnsureWindow(1000, 5)
+	}
+	return out
+}
+
+func TestOutboxNackedServesOnceAndRemembers(t *testing.T) {
+	o := newOutbox(tIn, time.Second)
+	for seq := uint64(1); seq <= 3; seq++ {
+		o.remember(sentBatch{seq: seq, sent: int64(seq * 10)})
+	}
+	steps := []struct {
+		seq       uint64
+		wantFresh bool
+		wantBatch uint64 // seq of the batch served; 0 for none
+		wantAll   bool   // resendAll afterwards
+	}{
+		{2, true, 2, false},  // served
+		{2, false, 0, false}, // a repeat of the same nack: ignored
+		{9, true, 0, true},   // never sent (or forgotten): send everything
+		{0, true, 0, true},   // seq 0 asks for everything
+	}
+	for i, s := range steps {
+		o.resendAll = false
+		sb, fresh := o.nacked(s.seq)
+		var got uint64
+		if sb != nil {
+			got = sb.seq
+		}
+		if fresh != s.wantFresh || got != s.wantBatch || o.resendAll != s.wantAll {
+			t.Fatalf("step %d: nacked(%d) = batch %d, fresh %v, resendAll %v; want %d, %v, %v", i, s.seq, got, fresh, o.resendAll, s.wantBatch, s.wantFresh, s.wantAll)
+		}
+	}
+	// Once acknowledged and forgotten, a repeat of the nack of 2 is still
+	// known as served, not taken for a batch we no longer hold.
+	o.acked(100)
+	if len(o.ring) != 0 {
+		t.Fatalf("ring holds %d after everything was acknowledged", len(o.ring))
+	}
+	o.resendAll = false
+	if _, fresh := o.nacked(2); fresh || o.resendAll {
+		t.Errorf("a repeated nack of a forgotten batch was served again (fresh %v, resendAll %v)", fresh, o.resendAll)
+	}
+}
+
+func TestOutboxNackedMemoryIsBounded(t *testing.T) {
+	o := newOutbox(tIn, time.Second)
+	for seq := uint64(1); seq <= nackedMemory+10; seq++ {
+		o.remember(sentBatch{seq: seq})
+		if _, fresh := o.nacked(seq); !fresh {
+			t.Fatalf("first nack of %d not served", seq)
+		}
+	}
+	if len(o.nackedSeqs) != nackedMemory || o.nackedSeqs[0] != 11 {
+		t.Errorf("nackedSeqs holds %d from %d, want %d from 11", len(o.nackedSeqs), o.nackedSeqs[0], nackedMemory)
+	}
+}
+
+func TestOutboxRingIsBounded(t *testing.T) {
+	o := newOutbox(tIn, time.Second)
+	for seq := uint64(1); seq <= ringCap+5; seq++ {
+		o.remember(sentBatch{seq: seq})
+	}
+	if len(o.ring) != ringCap || o.ring[0].seq != 6 || o.ring[len(o.ring)-1].seq != ringCap+5 {
+		t.Errorf("ring holds %d, seqs %d…%d; want %d, 6…%d", len(o.ring), o.ring[0].seq, o.ring[len(o.ring)-1].seq, ringCap, ringCap+5)
+	}
+}
+
+// TestOutboxAckedMarksAcknowledged checks acked: the batches sent by the
+// frontier count as acknowledged, except a nacked one, and a later batch
+// waits; Acked never goes down.
+func TestOutboxAckedMarksAcknowledged(t *testing.T) {
+	ws := windows(3)
+	ws[2].Acked = 9
+	series := ws[0].Series()
+	o := newOutbox(tIn, time.Second)
+	o.remember(sentBatch{seq: 1, sent: 100, wins: []sentWin{{ws[0], 4}, {ws[2], 5}}, leases: []sentLease{{series, 2}}})
+	o.remember(sentBatch{seq: 2, sent: 110, wins: []sentWin{{ws[1], 7}}})
+	o.remember(sentBatch{seq: 3, sent: 120, wins: []sentWin{{ws[0], 6}}})
+	if _, fresh := o.nacked(2); !fresh {
+		t.Fatal("nack of 2 not served")
+	}
+	o.acked(110)
+	if got := []uint64{ws[0].Acked, ws[1].Acked, ws[2].Acked}; !slices.Equal(got, []uint64{4, 0, 9}) {
+		t.Errorf("Acked after frontier 110 = %v, want [4 0 9] (2 was nacked; 9 never lowers)", got)
+	}
+	if series.LeasesAcked != 2 {
+		t.Errorf("LeasesAcked = %d, want 2", series.LeasesAcked)
+	}
+	if len(o.ring) != 1 || o.ring[0].seq != 3 {
+		t.Fatalf("ring after frontier 110 holds %v, want batch 3 only", o.ring)
+	}
+	o.acked(120)
+	if ws[0].Acked != 6 || len(o.ring) != 0 {
+		t.Errorf("after frontier 120: Acked %d, ring %d; want 6, 0", ws[0].Acked, len(o.ring))
+	}
+}
+
+// TestOutboxRepairSet checks the repair set: what was published since the
+// last repair and is not in this batch anyway, sorted, then nothing.
+func TestOutboxRepairSet(t *testing.T) {
+	ws := windows(4)
+	o := newOutbox(tIn, time.Second)
+	o.published([]*crdt.Window{ws[3], ws[1], ws[0]}, []*crdt.Series{ws[2].Series()})
+	wins, ls := o.repairSet([]*crdt.Window{ws[1]}, nil)
+	if !slices.Equal(wins, []*crdt.Window{ws[1], ws[0], ws[3]}) {
+		t.Errorf("repair windows = %v, want this batch's (b) then a, d", keysOf(wins))
+	}
+	if len(ls) != 1 || ls[0] != ws[2].Series() {
+		t.Errorf("repair lease counters = %d, want c's", len(ls))
+	}
+	if wins, ls := o.repairSet(nil, nil); len(wins)+len(ls) != 0 {
+		t.Errorf("a second repair with nothing published repeats %d values", len(wins)+len(ls))
+	}
+}
+
+func keysOf(ws []*crdt.Window) []string {
+	out := make([]string, len(ws))
+	for i, w := range ws {
+		out[i] = w.Series().Key
+	}
+	return out
+}
