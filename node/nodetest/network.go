@@ -466,6 +466,10 @@ func (n *Network) sendDirect(from int, ds []node.Direct) {
 	}
 }
 
+// Advance moves virtual time forward by d, delivering and ticking
+// nothing (see Run and Drain).
+func (n *Network) Advance(d time.Duration) { n.now = n.now.Add(d) }
+
 // Run advances virtual time by d in rounds of Step: each round delivers
 // the batches due, calls each (if not nil) with the round's virtual time,
 // and ticks every member. It returns the first error a core's Step

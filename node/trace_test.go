@@ -1,0 +1,474 @@
+package node_test
+
+import (
+	"flag"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/node"
+	"github.com/ratemesh/ratemesh/node/nodetest"
+)
+
+// Protocol traces, in the style of raft's interaction tests: each file
+// under testdata/trace is a script of commands over a nodetest network,
+// each followed by what it printed. TestTraces runs every script and
+// compares; after an intended change of behaviour, regenerate the expected
+// output with
+//
+//	go test ./node -run TestTraces -args -rewrite
+//
+// and read the diff: it is the change of the protocol, batch by batch.
+//
+// A script is blocks separated by blank lines; a block is a command line,
+// a line "----" and the expected output. Lines starting with # are
+// comments. The commands:
+//
+//	add P… [join] [available] cores P… (rule api: fixed window, 100 per
+//	                       minute; joining; the available policy, not strict),
+//	                       each connected to every member before it (anti-entropy)
+//	add-through P S [join] core P connected to S alone (one bootstrap address)
+//	allow P KEY N          N requests at P; prints admissions and denials
+//	expect P Q…            tell P that connections to Q… are up (Core.ExpectState)
+//	drop FROM TO [N]       drop the next N (default 1) gossip batches FROM → TO
+//	cut A B / recover      break the link A–B / heal every link (anti-entropy)
+//	round [D]              advance D (default 20 ms), tick every member, deliver
+//	                       what they sent; prints each member's Ready
+//	rounds N [D]           N rounds, printing only membership, join and fence
+//	                       changes and drops
+//	usage P KEY            P's merged total, own admitted/attempted, own unacknowledged
+//	members P              P's view of the members, and whether P serves
+//	stats P                P's nack counters
+//
+// Batches arrive at once (no latency, no loss but drops), so the members'
+// clocks agree; every core has the default settings: sync interval 20 ms,
+// heartbeat 500 ms, suspect after 2 s, join timeout 3 s.
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the trace scripts in testdata/trace")
+
+func TestTraces(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "trace", "*.txt"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no trace scripts: %v", err)
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runTrace(t, f) })
+	}
+}
+
+// traceBlock is one command of a script and its expected output.
+type traceBlock struct {
+	line     int // of the command
+	comments []string
+	cmd      string
+	want     string
+}
+
+func parseTrace(t *testing.T, path string) []traceBlock {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []traceBlock
+	lines := strings.Split(string(data), "\n")
+	for i := 0; i < len(lines); i++ {
+		var b traceBlock
+		for ; i < len(lines) && (lines[i] == "" || strings.HasPrefix(lines[i], "#")); i++ {
+			if strings.HasPrefix(lines[i], "#") {
+				b.comments = append(b.comments, lines[i])
+			}
+		}
+		if i >= len(lines) {
+			if len(b.comments) > 0 {
+				out = append(out, b) // trailing comments
+			}
+			break
+		}
+		b.line, b.cmd = i+1, lines[i]
+		if i+1 >= len(lines) || lines[i+1] != "----" {
+			t.Fatalf("%s:%d: %q is not followed by ----", path, i+1, b.cmd)
+		}
+		i += 2
+		var want []string
+		for ; i < len(lines) && lines[i] != ""; i++ {
+			want = append(want, lines[i])
+		}
+		b.want = strings.Join(want, "\n")
+		out = append(out, b)
+	}
+	return out
+}
+
+func runTrace(t *testing.T, path string) {
+	blocks := parseTrace(t, path)
+	env := newTraceEnv(t)
+	var rewritten strings.Builder
+	for i, b := range blocks {
+		if i > 0 {
+			rewritten.WriteString("\n")
+		}
+		for _, c := range b.comments {
+			rewritten.WriteString(c + "\n")
+		}
+		if b.cmd == "" {
+			continue
+		}
+		got, err := env.do(b.cmd)
+		if err != nil {
+			t.Fatalf("%s:%d: %s: %v", path, b.line, b.cmd, err)
+		}
+		if got == "" {
+			got = "ok"
+		}
+		fmt.Fprintf(&rewritten, "%s\n----\n%s\n", b.cmd, got)
+		if !*rewrite && got != b.want {
+			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, b.line, b.cmd, got, b.want)
+		}
+	}
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(rewritten.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// traceEnv is the state of one script.
+type traceEnv struct {
+	t     *testing.T
+	net   *nodetest.Network
+	index map[string]int
+	drops map[[2]int]int // gossip batches still to drop, by (from, to)
+	out   *strings.Builder
+	quiet bool // print no batches, only the changes (rounds)
+}
+
+func newTraceEnv(t *testing.T) *traceEnv {
+	e := &traceEnv{t: t, net: nodetest.New(1, t0), index: map[string]int{}, drops: map[[2]int]int{}}
+	e.net.Filter = func(from, to int, b *crdt.Batch) bool {
+		k := [2]int{from, to}
+		if b.Has(crdt.FlagFull) {
+			if e.out != nil && !e.quiet {
+				fmt.Fprintf(e.out, "%s: to %s %s\n", e.peer(from), e.peer(to), e.fmtBatch(b))
+			}
+			return true
+		}
+		if e.drops[k] == 0 {
+			return true
+		}
+		e.drops[k]--
+		if e.out != nil {
+			fmt.Fprintf(e.out, "%s: seq=%d dropped for %s\n", e.peer(from), b.Seq, e.peer(to))
+		}
+		return false
+	}
+	e.net.OnReady = func(i int, _ time.Time, rd node.Ready) { e.printReady(i, rd) }
+	return e
+}
+
+func (e *traceEnv) peer(i int) string { return e.net.Core(i).Self().Peer }
+
+func (e *traceEnv) member(name string) (int, error) {
+	i, ok := e.index[name]
+	if !ok {
+		return 0, fmt.Errorf("no member %q", name)
+	}
+	return i, nil
+}
+
+// do runs one command and returns what it printed.
+func (e *traceEnv) do(cmd string) (string, error) {
+	var out strings.Builder
+	e.out = &out
+	defer func() { e.out = nil }()
+	f := strings.Fields(cmd)
+	args := f[1:]
+	switch f[0] {
+	case "add", "add-through":
+		var opts []string
+		for len(args) > 0 && (args[len(args)-1] == "join" || args[len(args)-1] == "available") {
+			opts, args = append(opts, args[len(args)-1]), args[:len(args)-1]
+		}
+		join, policy := slices.Contains(opts, "join"), node.Strict
+		if slices.Contains(opts, "available") {
+			policy = node.Available
+		}
+		if f[0] == "add-through" {
+			if len(args) != 2 {
+				return "", fmt.Errorf("want add-through PEER SEED [join]")
+			}
+			s, err := e.member(args[1])
+			if err != nil {
+				return "", err
+			}
+			e.index[args[0]] = e.net.AddThrough(e.newCore(args[0], join, policy), s)
+			if err := e.net.Drain(); err != nil {
+				return "", err
+			}
+			break
+		}
+		for _, p := range args {
+			e.index[p] = e.net.Add(e.newCore(p, join, policy))
+			if err := e.net.Drain(); err != nil {
+				return "", err
+			}
+		}
+	case "allow":
+		if len(args) != 3 {
+			return "", fmt.Errorf("want allow PEER KEY N")
+		}
+		i, err := e.member(args[0])
+		if err != nil {
+			return "", err
+		}
+		n, err := strconv.Atoi(args[2])
+		if err != nil {
+			return "", err
+		}
+		admitted, denied := 0, map[string]int{}
+		for range n {
+			d, err := e.net.Core(i).Allow(e.net.Local(i), "api", args[1], limiter.Request{})
+			if err != nil {
+				return "", err
+			}
+			if d.Allowed {
+				admitted++
+			} else {
+				denied[d.Reason.String()]++
+			}
+		}
+		fmt.Fprintf(&out, "admitted %d", admitted)
+		for _, r := range slices.Sorted(maps.Keys(denied)) {
+			fmt.Fprintf(&out, ", denied %d (%s)", denied[r], r)
+		}
+	case "expect":
+		if len(args) < 2 {
+			return "", fmt.Errorf("want expect PEER PEER…")
+		}
+		i, err := e.member(args[0])
+		if err != nil {
+			return "", err
+		}
+		for _, p := range args[1:] {
+			e.net.Core(i).ExpectState(p)
+		}
+	case "drop":
+		if len(args) < 2 || len(args) > 3 {
+			return "", fmt.Errorf("want drop FROM TO [N]")
+		}
+		from, err := e.member(args[0])
+		if err != nil {
+			return "", err
+		}
+		to, err := e.member(args[1])
+		if err != nil {
+			return "", err
+		}
+		n := 1
+		if len(args) == 3 {
+			if n, err = strconv.Atoi(args[2]); err != nil {
+				return "", err
+			}
+		}
+		e.drops[[2]int{from, to}] += n
+	case "cut":
+		if len(args) != 2 {
+			return "", fmt.Errorf("want cut A B")
+		}
+		a, err := e.member(args[0])
+		if err != nil {
+			return "", err
+		}
+		b, err := e.member(args[1])
+		if err != nil {
+			return "", err
+		}
+		e.net.Cut(a, b)
+	case "recover":
+		e.net.Recover()
+		if err := e.net.Drain(); err != nil {
+			return "", err
+		}
+	case "round", "rounds":
+		n, d := 1, 20*time.Millisecond
+		if f[0] == "rounds" {
+			if len(args) == 0 {
+				return "", fmt.Errorf("want rounds N [DURATION]")
+			}
+			var err error
+			if n, err = strconv.Atoi(args[0]); err != nil {
+				return "", err
+			}
+			args = args[1:]
+		}
+		if len(args) > 1 {
+			return "", fmt.Errorf("want %s [DURATION]", cmd)
+		}
+		if len(args) == 1 {
+			var err error
+			if d, err = time.ParseDuration(args[0]); err != nil {
+				return "", err
+			}
+		}
+		e.quiet = f[0] == "rounds"
+		for range n {
+			var round strings.Builder
+			e.out = &round
+			e.net.Advance(d)
+			e.net.Tick()
+			if err := e.net.Drain(); err != nil {
+				return "", err
+			}
+			if !e.quiet || round.Len() > 0 {
+				fmt.Fprintf(&out, "t=+%v\n%s", e.net.Now().Sub(t0), round.String())
+			}
+		}
+		e.quiet = false
+	case "usage":
+		if len(args) != 2 {
+			return "", fmt.Errorf("want usage PEER KEY")
+		}
+		i, err := e.member(args[0])
+		if err != nil {
+			return "", err
+		}
+		c, now := e.net.Core(i), e.net.Local(i)
+		rep, err := c.Usage(now, "api", args[1])
+		if err != nil {
+			return "", err
+		}
+		o := own(c, rep)
+		fmt.Fprintf(&out, "total %d, own %d/%d, unacknowledged %d", rep.Total, o.Admitted, o.Attempted, unacked(e.t, c, now, "api", args[1]))
+	case "members":
+		if len(args) != 1 {
+			return "", fmt.Errorf("want members PEER")
+		}
+		i, err := e.member(args[0])
+		if err != nil {
+			return "", err
+		}
+		c := e.net.Core(i)
+		var ps []string
+		for _, p := range c.Peers(e.net.Local(i)) {
+			if !p.Self {
+				ps = append(ps, p.Peer+":"+p.State.String())
+			}
+		}
+		n, _ := c.Members()
+		serves := "serving"
+		switch {
+		case !c.Ready():
+			serves = "joining"
+		case c.Fenced():
+			serves = "fenced"
+		}
+		fmt.Fprintf(&out, "%s, N=%d, %s", strings.Join(ps, " "), n, serves)
+	case "stats":
+		if len(args) != 1 {
+			return "", fmt.Errorf("want stats PEER")
+		}
+		i, err := e.member(args[0])
+		if err != nil {
+			return "", err
+		}
+		st := e.net.Core(i).Stats()
+		fmt.Fprintf(&out, "nacks sent %d, received %d", st.NacksSent, st.NacksReceived)
+	default:
+		return "", fmt.Errorf("unknown command %q", f[0])
+	}
+	return strings.TrimSuffix(out.String(), "\n"), nil
+}
+
+func (e *traceEnv) newCore(peer string, join bool, policy node.Policy) *node.Core {
+	e.t.Helper()
+	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 100, Window: time.Minute}}
+	return newCore(e.t, peer, uint64(len(e.index)+1), e.net.Now(), rules, func(c *node.CoreConfig) {
+		c.Join, c.Policy = join, policy
+		c.Incarnation = 1
+	})
+}
+
+// printReady prints what member i's Ready asks: the batches it publishes
+// (its Direct batches are printed as they are sent, by the network's
+// Filter, like every full state), the membership changes and the join and
+// fence changes.
+func (e *traceEnv) printReady(i int, rd node.Ready) {
+	if e.out == nil {
+		return
+	}
+	p := e.peer(i)
+	for _, b := range rd.Messages {
+		if !e.quiet {
+			fmt.Fprintf(e.out, "%s: publish %s\n", p, e.fmtBatch(b))
+		}
+	}
+	for _, c := range rd.Changes {
+		if c.New {
+			fmt.Fprintf(e.out, "%s: member %s new, %s\n", p, c.Peer, c.To)
+		} else {
+			fmt.Fprintf(e.out, "%s: member %s %s -> %s\n", p, c.Peer, c.From, c.To)
+		}
+	}
+	if rd.NewIncarnation != 0 {
+		fmt.Fprintf(e.out, "%s: new incarnation\n", p)
+	}
+	if rd.Joined {
+		fmt.Fprintf(e.out, "%s: joined (timed out %v)\n", p, rd.JoinTimedOut)
+	}
+	if rd.Fence != nil {
+		fmt.Fprintf(e.out, "%s: fenced %v (%d of %d alive)\n", p, rd.Fence.Fenced, rd.Fence.Alive, rd.Fence.Live)
+	}
+}
+
+// fmtBatch prints a batch's protocol fields: flags, seq, Ack (mesh ms since
+// the start; - for none), entries (values of another slot than the
+// author's name it), nacks and the member table.
+func (e *traceEnv) fmtBatch(b *crdt.Batch) string {
+	var f []string
+	for _, fl := range []struct {
+		bit  uint64
+		name string
+	}{{crdt.FlagFull, "full"}, {crdt.FlagWant, "want"}, {crdt.FlagRelay, "relay"}, {crdt.FlagLast, "last"}, {crdt.FlagLeaving, "leaving"}} {
+		if b.Has(fl.bit) {
+			f = append(f, fl.name)
+		}
+	}
+	ack := "-"
+	if b.Ack != 0 {
+		ack = fmt.Sprintf("+%d", b.Ack-t0.UnixMilli())
+	}
+	f = append(f, fmt.Sprintf("seq=%d ack=%s", b.Seq, ack))
+	var es []string
+	for _, w := range b.Windows {
+		who := ""
+		if w.Slot != 0 {
+			who = "@" + b.SlotOf(w.Slot).Peer
+		}
+		es = append(es, fmt.Sprintf("%s/%s%s=%d/%d", w.Rule, w.Key, who, w.Admitted, w.Attempted))
+	}
+	if len(es) > 0 {
+		f = append(f, "["+strings.Join(es, " ")+"]")
+	}
+	var ns []string
+	for _, n := range b.Nacks {
+		ns = append(ns, fmt.Sprintf("%s#%d", n.Slot.Peer, n.Seq))
+	}
+	if len(ns) > 0 {
+		f = append(f, "nacks="+strings.Join(ns, ","))
+	}
+	var ms []string
+	for _, m := range b.Members {
+		ms = append(ms, m.Peer+":"+node.State(m.State).String())
+	}
+	if len(ms) > 0 {
+		f = append(f, "members="+strings.Join(ms, ","))
+	}
+	return strings.Join(f, " ")
+}
