@@ -2,7 +2,6 @@ package node_test
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -13,13 +12,12 @@ import (
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newCore(t testing.TB, peer string, seed uint64, now time.Time, rules []limiter.Rule, mut func(*node.CoreConfig)) *node.Core {
+func newCore(t testing.TB, peer string, now time.Time, rules []limiter.Rule, mut func(*node.CoreConfig)) *node.Core {
 	t.Helper()
 	cfg := node.DefaultCoreConfig()
 	cfg.Peer = peer
 	cfg.Incarnation = node.NextIncarnation(0, now)
 	cfg.Rules = rules
-	cfg.Rand = rand.New(rand.NewPCG(seed, 1))
 	if mut != nil {
 		mut(&cfg)
 	}
@@ -39,7 +37,7 @@ func cluster(t testing.TB, n int, seed uint64, rules []limiter.Rule, mut func(*n
 	t.Helper()
 	net := nodetest.New(seed, t0)
 	for i := range n {
-		net.Add(newCore(t, fmt.Sprintf("n%02d", i), seed*100+uint64(i), t0, rules, mut))
+		net.Add(newCore(t, fmt.Sprintf("n%02d", i), t0, rules, mut))
 	}
 	return net
 }

@@ -236,7 +236,7 @@ func TestCoreNackFirstBatchAfterConnect(t *testing.T) {
 				run(t, net, 100*time.Millisecond, nil)
 				restart(t, net, a, seed*7)
 			} else {
-				a = net.Add(newCore(t, "n02", seed*100+2, net.Now(), rules, mut))
+				a = net.Add(newCore(t, "n02", net.Now(), rules, mut))
 			}
 			lost := 0
 			net.Filter = func(from, to int, b *crdt.Batch) bool {

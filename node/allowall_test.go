@@ -20,7 +20,7 @@ func TestCoreAllowAllIsAllOrNothing(t *testing.T) {
 		{Name: "min", Algorithm: limiter.FixedWindow, Limit: 3, Window: time.Minute},
 	}
 	now := t0.Add(10 * time.Second)
-	c := newCore(t, "solo", 61, now, rules, nil)
+	c := newCore(t, "solo", now, rules, nil)
 	checks := []node.Check{{Rule: "sec", Key: "k"}, {Rule: "min", Key: "k"}}
 	usage := func(rule string) (admitted, attempted uint64) {
 		t.Helper()
@@ -100,7 +100,7 @@ func TestCoreAllowAllIsAllOrNothing(t *testing.T) {
 // TestCoreAllowAllWhileJoining: a joining core admits nothing and consumes
 // nothing.
 func TestCoreAllowAllWhileJoining(t *testing.T) {
-	c := newCore(t, "j", 62, t0, apiRule(limiter.FixedWindow, 10), func(cfg *node.CoreConfig) { cfg.Join = true })
+	c := newCore(t, "j", t0, apiRule(limiter.FixedWindow, 10), func(cfg *node.CoreConfig) { cfg.Join = true })
 	allowed, ds, err := c.AllowAll(t0, []node.Check{{Rule: "api", Key: "a"}, {Rule: "api", Key: "b"}})
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package node
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
@@ -80,12 +79,6 @@ type CoreConfig struct {
 	// for measuring what mesh time buys (the simulator's clock-skew
 	// comparison); the zero value, false, keeps mesh time on.
 	LocalClock bool
-	// Rand is the member's seeded source of randomness, so that anything
-	// the core randomises replays from its seed. It must not be shared
-	// with other goroutines. (The share lottery does not draw from it: its
-	// draws are stratified over the mesh from a hash every member computes
-	// alike, with limiter seed 0; see limiter.New.)
-	Rand *rand.Rand
 }
 
 // MinReclaimAfter is the shortest ReclaimAfter the other settings allow.
@@ -108,8 +101,8 @@ func (c *CoreConfig) reclaimAfter() time.Duration {
 }
 
 // DefaultCoreConfig returns the defaults of the config file
-// (docs/operations.md, "Config file"). Peer, Incarnation and Rand are left
-// for the caller.
+// (docs/operations.md, "Config file"). Peer and Incarnation are left for
+// the caller.
 func DefaultCoreConfig() CoreConfig {
 	return CoreConfig{
 		SyncInterval:   20 * time.Millisecond,  // one batch per 20 ms keeps the unseen share small
@@ -149,8 +142,6 @@ func (c *CoreConfig) validate() error {
 		return bad("peer", "%d bytes, at most %d", len(c.Peer), crdt.MaxPeerLen)
 	case c.Incarnation == 0:
 		return bad("incarnation", "must be set (use NextIncarnation)")
-	case c.Rand == nil:
-		return bad("rand", "must be set to a seeded *rand.Rand")
 	case c.Heartbeat < c.SyncInterval:
 		return bad("heartbeat", "%v is shorter than sync_interval %v", c.Heartbeat, c.SyncInterval)
 	case c.SuspectAfter <= c.Heartbeat:

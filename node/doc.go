@@ -13,7 +13,6 @@
 //	cfg := node.DefaultCoreConfig()
 //	cfg.Peer, cfg.Rules = "peer-a", rules
 //	cfg.Incarnation = node.NextIncarnation(persisted, time.Now())
-//	cfg.Rand = rand.New(rand.NewPCG(seed, seed))
 //	core, err := node.NewCore(cfg, time.Now())
 //	for {
 //		var rd node.Ready

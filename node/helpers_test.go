@@ -53,7 +53,7 @@ func clusterAt(t testing.TB, n int, seed uint64, start time.Time, rules []limite
 	t.Helper()
 	net := nodetest.New(seed, start)
 	for i := range n {
-		net.Add(newCore(t, fmt.Sprintf("n%02d", i), seed*100+uint64(i), start, rules, mut))
+		net.Add(newCore(t, fmt.Sprintf("n%02d", i), start, rules, mut))
 	}
 	return net
 }

@@ -22,7 +22,7 @@ func TestCoreJoinWaitsForState(t *testing.T) {
 		const seed = 31
 		reportSeed(t, seed)
 		net := nodetest.New(seed, t0)
-		net.Add(newCore(t, "j", seed, t0, apiRule(limiter.FixedWindow, 10), joinCfg))
+		net.Add(newCore(t, "j", t0, apiRule(limiter.FixedWindow, 10), joinCfg))
 		var joinedAt time.Time
 		var timedOut bool
 		net.OnReady = func(_ int, now time.Time, rd node.Ready) {
@@ -80,7 +80,7 @@ func TestCoreJoinWaitsForState(t *testing.T) {
 			}
 		}
 		start := net.Now()
-		j := net.Add(newCore(t, "n02", seed*100+2, start, apiRule(limiter.FixedWindow, 100), joinCfg))
+		j := net.Add(newCore(t, "n02", start, apiRule(limiter.FixedWindow, 100), joinCfg))
 		c := net.Core(j)
 		run(t, net, 10*time.Millisecond, nil)
 		d, err := c.Allow(net.Local(j), "api", "k", limiter.Request{})
@@ -138,7 +138,7 @@ func TestCoreJoinerHitMidWindow(t *testing.T) {
 			}
 			run(t, net, 5*time.Second, nil) // mid-window
 			start := net.Now()
-			j := net.Add(newCore(t, "n04", seed*100+4, start, rules, func(c *node.CoreConfig) { c.Join = true }))
+			j := net.Add(newCore(t, "n04", start, rules, func(c *node.CoreConfig) { c.Join = true }))
 			joiner := 0
 			denied := map[limiter.Reason]int{}
 			run(t, net, 2*time.Second, func(time.Time) {
@@ -180,9 +180,9 @@ func TestCoreJoinWaitsForEveryExpectedState(t *testing.T) {
 	const seed = 37
 	reportSeed(t, seed)
 	rule := apiRule(limiter.FixedWindow, 100)
-	a := newCore(t, "a", seed, t0, rule, nil)
-	b := newCore(t, "b", seed+1, t0, rule, nil)
-	j := newCore(t, "j", seed+2, t0, rule, func(c *node.CoreConfig) { c.Join, c.JoinTimeout = true, 3*time.Second })
+	a := newCore(t, "a", t0, rule, nil)
+	b := newCore(t, "b", t0, rule, nil)
+	j := newCore(t, "j", t0, rule, func(c *node.CoreConfig) { c.Join, c.JoinTimeout = true, 3*time.Second })
 	for range 60 {
 		if _, err := b.Allow(t0, "api", "k", limiter.Request{}); err != nil {
 			t.Fatal(err)

@@ -37,7 +37,7 @@ func TestCoreJoinThroughOneSeed(t *testing.T) {
 			}
 			run(t, net, 3*time.Second, nil)
 			start := net.Now()
-			j := net.AddThrough(newCore(t, "n03", seed*100+3, start, rules, join), 0)
+			j := net.AddThrough(newCore(t, "n03", start, rules, join), 0)
 			c := net.Core(j)
 			joiner, readyN := 0, 0
 			run(t, net, 2*time.Second, func(time.Time) {
@@ -96,7 +96,7 @@ func TestCoreRestartThroughOneSeedTakesPeersView(t *testing.T) {
 	net.Crash(1)
 	run(t, net, 100*time.Millisecond, nil)
 	now := net.Local(1)
-	c := newCore(t, old.Peer, seed*100+9, now, rules, func(cfg *node.CoreConfig) {
+	c := newCore(t, old.Peer, now, rules, func(cfg *node.CoreConfig) {
 		cfg.Incarnation = node.NextIncarnation(old.Incarnation, now)
 		cfg.Join = true
 	})

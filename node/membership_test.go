@@ -355,8 +355,8 @@ func TestCoreLateBatchDoesNotUndoLeave(t *testing.T) {
 		t.Run(string(policy), func(t *testing.T) {
 			mut := func(c *node.CoreConfig) { c.Policy = policy }
 			rules := apiRule(limiter.FixedWindow, 100)
-			a := newCore(t, "a", 91, t0, rules, mut)
-			b := newCore(t, "b", 92, t0, rules, mut)
+			a := newCore(t, "a", t0, rules, mut)
+			b := newCore(t, "b", t0, rules, mut)
 			now := t0
 			stepAll(t, a, now, fullState(t, b, now, "a"))
 			stepAll(t, b, now, fullState(t, a, now, "b"))

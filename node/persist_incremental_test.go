@@ -31,8 +31,8 @@ func exportedKeys(f node.Flush) []string {
 // records; a merge that raises nothing exports nothing.
 func TestPersisterExportsOnlyChanged(t *testing.T) {
 	now := t0.Add(10 * time.Minute)
-	a := newCore(t, "a", 1, now, persistRules(), nil)
-	b := newCore(t, "b", 2, now, persistRules(), nil)
+	a := newCore(t, "a", now, persistRules(), nil)
+	b := newCore(t, "b", now, persistRules(), nil)
 	pa := node.NewPersister(a, time.Minute)
 	const n = 40
 	for i := range n {
@@ -87,7 +87,7 @@ func TestPersisterExportsOnlyChanged(t *testing.T) {
 func TestPersisterForgetsEndedWindows(t *testing.T) {
 	now := t0.Add(10 * time.Minute)
 	rules := append(persistRules(), limiter.Rule{Name: "min", Algorithm: limiter.SlidingWindow, Limit: 10, Window: 2 * time.Minute})
-	a := newCore(t, "a", 1, now, rules, nil)
+	a := newCore(t, "a", now, rules, nil)
 	pa := node.NewPersister(a, time.Minute)
 	const n = 10
 	for i := range n {
@@ -146,8 +146,8 @@ func TestPersisterForgetsEndedWindows(t *testing.T) {
 // carries every persisted window, changed or not, with all its slots.
 func TestPersisterFailedFlushExportsAll(t *testing.T) {
 	now := t0.Add(10 * time.Minute)
-	a := newCore(t, "a", 1, now, persistRules(), nil)
-	b := newCore(t, "b", 2, now, persistRules(), nil)
+	a := newCore(t, "a", now, persistRules(), nil)
+	b := newCore(t, "b", now, persistRules(), nil)
 	pa := node.NewPersister(a, time.Minute)
 	const n = 12
 	for i := range n {
@@ -221,7 +221,7 @@ func comparePersisters(t *testing.T, seed uint64, rulesA, rulesB []limiter.Rule,
 	now := t0.Add(time.Duration(rng.IntN(3600)) * time.Second)
 
 	// An earlier incarnation of a leaves state on disk.
-	a0 := newCore(t, "a", seed*10, now, rulesA, nil)
+	a0 := newCore(t, "a", now, rulesA, nil)
 	for range 20 {
 		mustAllow(t, a0, now, []string{"hour", "min"}[rng.IntN(2)], pkey(rng.IntN(12)), 1)
 	}
@@ -230,12 +230,12 @@ func comparePersisters(t *testing.T, seed uint64, rulesA, rulesB []limiter.Rule,
 	// Under the available policy: time jumps make members silent, and a
 	// strict minority would fence itself and admit nothing to export.
 	available := func(cfg *node.CoreConfig) { cfg.Policy = node.Available }
-	a := newCore(t, "a", seed*10+1, now, rulesA, func(cfg *node.CoreConfig) {
+	a := newCore(t, "a", now, rulesA, func(cfg *node.CoreConfig) {
 		cfg.Incarnation = node.NextIncarnation(a0.Self().Incarnation, now)
 		available(cfg)
 	})
 	skew := []time.Duration{0, time.Duration(rng.IntN(800)) * time.Millisecond, -time.Duration(rng.IntN(800)) * time.Millisecond}
-	cores := []*node.Core{a, newCore(t, "b", seed*10+2, now.Add(skew[1]), rulesA, available), newCore(t, "c", seed*10+3, now.Add(skew[2]), rulesA, available)}
+	cores := []*node.Core{a, newCore(t, "b", now.Add(skew[1]), rulesA, available), newCore(t, "c", now.Add(skew[2]), rulesA, available)}
 	p := node.NewPersister(a, time.Minute)
 	ref := node.NewRefPersister(a, time.Minute)
 	p.Restore(now, saved.Windows, saved.Leases)
@@ -327,7 +327,7 @@ func comparePersisters(t *testing.T, seed uint64, rulesA, rulesB []limiter.Rule,
 func TestPersisterSkipsCollectedWindows(t *testing.T) {
 	now := t0.Add(10 * time.Minute)
 	rules := append(persistRules(), limiter.Rule{Name: "min", Algorithm: limiter.FixedWindow, Limit: 10, Window: 2 * time.Minute})
-	a := newCore(t, "a", 1, now, rules, nil)
+	a := newCore(t, "a", now, rules, nil)
 	pa := node.NewPersister(a, time.Minute)
 	ref := node.NewRefPersister(a, time.Minute)
 	pa.Export(now)

@@ -43,8 +43,8 @@ func exchange(t *testing.T, from, to *node.Core, now time.Time) {
 
 func TestPersisterExportRestore(t *testing.T) {
 	now := t0.Add(10 * time.Minute)
-	a := newCore(t, "a", 1, now, persistRules(), nil)
-	b := newCore(t, "b", 2, now, persistRules(), nil)
+	a := newCore(t, "a", now, persistRules(), nil)
+	b := newCore(t, "b", now, persistRules(), nil)
 	pa := node.NewPersister(a, time.Minute)
 	mustAllow(t, a, now, "hour", "k", 4)
 	mustAllow(t, a, now, "sec", "k", 4) // too short to persist
@@ -75,7 +75,7 @@ func TestPersisterExportRestore(t *testing.T) {
 	// A restart: a new incarnation, the merged state back, no double
 	// counting, and the limit of 10 holds across it.
 	later := now.Add(2 * time.Second)
-	a2 := newCore(t, "a", 3, later, persistRules(), func(cfg *node.CoreConfig) {
+	a2 := newCore(t, "a", later, persistRules(), func(cfg *node.CoreConfig) {
 		cfg.Incarnation = node.NextIncarnation(a.Self().Incarnation, later)
 	})
 	p2 := node.NewPersister(a2, time.Minute)
@@ -110,7 +110,7 @@ func TestPersisterExportRestore(t *testing.T) {
 		{Rule: "hour", Key: "k", WindowMs: 3600000, Window: win - 2, Slot: b.Self(), Admitted: 1},
 		{Rule: "hour", Key: "k", WindowMs: 3600000, Window: win, Slot: a2.Self(), Admitted: 1},
 	}
-	a3 := newCore(t, "a", 4, later, persistRules(), func(cfg *node.CoreConfig) { cfg.Incarnation = a2.Self().Incarnation })
+	a3 := newCore(t, "a", later, persistRules(), func(cfg *node.CoreConfig) { cfg.Incarnation = a2.Self().Incarnation })
 	if st := node.NewPersister(a3, time.Minute).Restore(later, bad, nil); st.Windows != 0 || st.SkippedWindows != 4 {
 		t.Errorf("Restore of records that no longer apply = %+v, want 4 skipped", st)
 	}
@@ -118,7 +118,7 @@ func TestPersisterExportRestore(t *testing.T) {
 
 func TestPersisterLeases(t *testing.T) {
 	now := t0
-	a := newCore(t, "a", 1, now, persistRules(), nil)
+	a := newCore(t, "a", now, persistRules(), nil)
 	pa := node.NewPersister(a, time.Minute)
 	l1, d, err := a.Acquire(now, "cc", "k", "")
 	if err != nil || !d.Allowed {
@@ -154,7 +154,7 @@ func TestPersisterLeases(t *testing.T) {
 	// renew it; it counts in the new slot. An expired one is dropped
 	// and released from the disk at the next flush.
 	later := now.Add(30 * time.Second)
-	a2 := newCore(t, "a", 2, later, persistRules(), func(cfg *node.CoreConfig) {
+	a2 := newCore(t, "a", later, persistRules(), func(cfg *node.CoreConfig) {
 		cfg.Incarnation = node.NextIncarnation(a.Self().Incarnation, later)
 	})
 	p2 := node.NewPersister(a2, time.Minute)
@@ -178,8 +178,8 @@ func TestPersisterLeases(t *testing.T) {
 // leases count.
 func TestRestoredPeerSlotCountsItsLeases(t *testing.T) {
 	now := t0.Add(time.Hour / 2)
-	b := newCore(t, "b", 2, now, persistRules(), func(cfg *node.CoreConfig) { cfg.Incarnation += 5 })
-	a := newCore(t, "a", 1, now, persistRules(), nil)
+	b := newCore(t, "b", now, persistRules(), func(cfg *node.CoreConfig) { cfg.Incarnation += 5 })
+	a := newCore(t, "a", now, persistRules(), nil)
 	win := now.UnixMilli() / time.Hour.Milliseconds()
 	node.NewPersister(a, time.Minute).Restore(now, []node.WindowRecord{
 		{Rule: "hour", Key: "k", WindowMs: time.Hour.Milliseconds(), Window: win, Slot: b.Self(), Admitted: 2, Attempted: 2},

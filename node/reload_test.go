@@ -11,7 +11,7 @@ import (
 
 func TestSetRulesKeepsCountersOfUnchangedWindow(t *testing.T) {
 	start := time.UnixMilli(1_700_000_000_000)
-	c := newCore(t, "n0", 1, start, []limiter.Rule{
+	c := newCore(t, "n0", start, []limiter.Rule{
 		{Name: "api", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second},
 		{Name: "other", Algorithm: limiter.FixedWindow, Limit: 5, Window: time.Second},
 	}, nil)
@@ -70,7 +70,7 @@ func TestSetRulesKeepsCountersOfUnchangedWindow(t *testing.T) {
 func TestSetRulesAllOrNothing(t *testing.T) {
 	start := time.UnixMilli(1_700_000_000_000)
 	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second}}
-	c := newCore(t, "n0", 1, start, rules, nil)
+	c := newCore(t, "n0", start, rules, nil)
 	hash := c.RulesHash()
 	for name, bad := range map[string][]limiter.Rule{
 		"invalid": {{Name: "api", Algorithm: limiter.FixedWindow, Limit: 20, Window: time.Second}, {Name: "b", Algorithm: limiter.FixedWindow, Limit: 0, Window: time.Second}},
@@ -95,7 +95,7 @@ func TestSetRulesAllOrNothing(t *testing.T) {
 
 func TestSetRulesReleasesLeasesOfRemovedRule(t *testing.T) {
 	start := time.UnixMilli(1_700_000_000_000)
-	c := newCore(t, "n0", 1, start, []limiter.Rule{
+	c := newCore(t, "n0", start, []limiter.Rule{
 		{Name: "conc", Algorithm: limiter.Concurrency, Limit: 2},
 		{Name: "api", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second},
 	}, nil)
@@ -116,7 +116,7 @@ func TestSetRulesReleasesLeasesOfRemovedRule(t *testing.T) {
 
 func TestHeldAndKeysCollected(t *testing.T) {
 	start := time.UnixMilli(1_700_000_000_000)
-	c := newCore(t, "n0", 1, start, []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second, MaxKeys: 3}}, nil)
+	c := newCore(t, "n0", start, []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second, MaxKeys: 3}}, nil)
 	for _, k := range []string{"a", "b", "c"} {
 		if d, err := c.Allow(start, "api", k, limiter.Request{}); err != nil || !d.Allowed {
 			t.Fatalf("allow %s: %+v %v", k, d, err)

@@ -51,7 +51,7 @@ func restart(t testing.TB, net *nodetest.Network, i int, seed uint64) *node.Core
 		r, _ := old.Rule(name)
 		rules = append(rules, *r)
 	}
-	c := newCore(t, old.Self().Peer, seed, now, rules, func(cfg *node.CoreConfig) {
+	c := newCore(t, old.Self().Peer, now, rules, func(cfg *node.CoreConfig) {
 		cfg.Incarnation = node.NextIncarnation(old.Self().Incarnation, now)
 	})
 	net.Replace(i, c)

@@ -94,7 +94,7 @@ func TestCoreRoundTripClock(t *testing.T) {
 // peer's batch gives the exact offset where one-way is off by the latency.
 func TestCoreEchoes(t *testing.T) {
 	const lat = 30 * time.Millisecond
-	c := newCore(t, "n00", 1, t0, apiRule(limiter.FixedWindow, 10), nil)
+	c := newCore(t, "n00", t0, apiRule(limiter.FixedWindow, 10), nil)
 	now := t0
 	tick := func(d time.Duration) *crdt.Batch {
 		t.Helper()
@@ -192,7 +192,7 @@ func TestCoreEchoes(t *testing.T) {
 // batch, node's echoesPerBatch), in the order it heard them, until every
 // one has had its echo.
 func TestCoreEchoesRotate(t *testing.T) {
-	c := newCore(t, "n00", 1, t0, apiRule(limiter.FixedWindow, 1_000_000), nil)
+	c := newCore(t, "n00", t0, apiRule(limiter.FixedWindow, 1_000_000), nil)
 	now := t0
 	c.Tick(now)
 	var order []uint32

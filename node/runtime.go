@@ -2,12 +2,9 @@ package node
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,9 +18,8 @@ import (
 // afterwards have no effect.
 type Config struct {
 	// CoreConfig holds the member's settings: Peer, Rules, the intervals,
-	// Policy, Join and JoinTimeout, MaxSkew. Leave Incarnation and Rand
-	// zero: Start sets the incarnation from the Store and the Rand from
-	// Seed, and refuses a config that sets them.
+	// Policy, Join and JoinTimeout, MaxSkew. Leave Incarnation zero: Start
+	// sets it from the Store, and refuses a config that sets it.
 	CoreConfig
 	// Transport carries batches between members: package mesh on a
 	// network, package memnet in one process. Required. The node owns it
@@ -43,7 +39,13 @@ type Config struct {
 	// Logger receives membership changes, joins, skew and transport
 	// errors. Nil discards them.
 	Logger *slog.Logger
-	// Seed seeds the member's lottery draws. 0 draws one from crypto/rand.
+	// Seed has no effect: nothing in a member draws random numbers. (The
+	// share lottery's draws are stratified over the mesh from a hash
+	// every member computes alike, with one seed mesh-wide: see
+	// limiter.New.)
+	//
+	// Deprecated: leave it unset; it remains so that configs setting it
+	// still compile.
 	Seed uint64
 	// Clock is the local clock. Nil means time.Now. Tests may inject a
 	// clock that runs at real speed with an offset; timers (ticks, Wait)
@@ -92,8 +94,6 @@ func (c *Config) validate() error {
 		return bad("transport", "must be set (package mesh on a network, memnet in one process)")
 	case c.Incarnation != 0:
 		return bad("incarnation", "is set by Start from the store; leave it 0")
-	case c.Rand != nil:
-		return bad("rand", "is set by Start from seed; leave it nil")
 	case c.LeaveTimeout <= 0:
 		return bad("leave_timeout", fmt.Sprintf("must be positive, got %v", c.LeaveTimeout))
 	case c.FlushInterval < 0:
@@ -106,7 +106,7 @@ func (c *Config) validate() error {
 	return nil
 }
 
-func (c *Config) fillDefaults() error {
+func (c *Config) fillDefaults() {
 	if c.Store == nil {
 		c.Store = &MemoryStore{}
 	}
@@ -117,14 +117,6 @@ func (c *Config) fillDefaults() error {
 		c.Clock = time.Now
 	}
 	c.fillPersistDefaults()
-	if c.Seed == 0 {
-		var b [8]byte
-		if _, err := crand.Read(b[:]); err != nil {
-			return fmt.Errorf("node: seed: %w", err)
-		}
-		c.Seed = binary.LittleEndian.Uint64(b[:]) | 1
-	}
-	return nil
 }
 
 // Buffer sizes between the transport's callbacks and the run loop. A full
@@ -203,16 +195,13 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if err := cfg.fillDefaults(); err != nil {
-		return nil, err
-	}
+	cfg.fillDefaults()
 	persisted, err := cfg.Store.LoadIncarnation(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("node: load incarnation: %w", err)
 	}
 	cc := cfg.CoreConfig
 	cc.Incarnation = NextIncarnation(persisted, cfg.Clock())
-	cc.Rand = rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
 	core, err := NewCore(cc, cfg.Clock())
 	if err != nil {
 		return nil, err

@@ -2,7 +2,6 @@ package node_test
 
 import (
 	"context"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -30,7 +29,7 @@ const (
 func startBenchNode(b *testing.B, rule limiter.Rule) *node.Node {
 	b.Helper()
 	cfg := node.DefaultConfig()
-	cfg.Peer, cfg.Seed = "bench", 1
+	cfg.Peer = "bench"
 	cfg.Rules = []limiter.Rule{rule}
 	cfg.Transport = memnet.NewHub().Transport("bench")
 	n, err := node.Start(context.Background(), cfg)
@@ -89,7 +88,7 @@ func BenchmarkNodeAllowParallel(b *testing.B) {
 // and the core.
 func BenchmarkCoreAllow(b *testing.B) {
 	cfg := node.DefaultCoreConfig()
-	cfg.Peer, cfg.Incarnation, cfg.Rand = "bench", 1, rand.New(rand.NewPCG(1, 1))
+	cfg.Peer, cfg.Incarnation = "bench", 1
 	cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.SlidingWindow, Limit: benchLimit, Window: time.Second}}
 	now := time.UnixMilli(1_700_000_000_123)
 	c, err := node.NewCore(cfg, now)

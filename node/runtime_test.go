@@ -21,7 +21,6 @@ import (
 func rtConfig(hub *memnet.Hub, peer string, rules ...limiter.Rule) node.Config {
 	cfg := node.DefaultConfig()
 	cfg.Peer, cfg.Rules, cfg.Transport = peer, rules, hub.Transport(peer)
-	cfg.Seed = uint64(len(peer)*7919) + uint64(peer[0])
 	return cfg
 }
 

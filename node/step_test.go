@@ -48,11 +48,11 @@ func TestCoreStepIsIdempotent(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 0x57e9))
 			now := tMid
 			authors := []*node.Core{
-				newCore(t, "a", seed*10+1, now, mixedRules(), nil),
-				newCore(t, "b", seed*10+2, now, mixedRules(), nil),
+				newCore(t, "a", now, mixedRules(), nil),
+				newCore(t, "b", now, mixedRules(), nil),
 			}
-			rx := newCore(t, "rx", seed*10+3, now, mixedRules(), nil)
-			shuffled := newCore(t, "sh", seed*10+4, now, mixedRules(), nil)
+			rx := newCore(t, "rx", now, mixedRules(), nil)
+			shuffled := newCore(t, "sh", now, mixedRules(), nil)
 			var all []*crdt.Batch
 			step := func(b *crdt.Batch) {
 				t.Helper()
@@ -147,7 +147,7 @@ func ownSlots(rep node.UsageReport, peer string) string {
 // with a newer incarnation means two processes share one identity; an
 // echo of our own (or an older incarnation's) batch is ignored.
 func TestCoreStepRejectsOwnIdentity(t *testing.T) {
-	c := newCore(t, "me", 81, t0, apiRule(limiter.FixedWindow, 10), nil)
+	c := newCore(t, "me", t0, apiRule(limiter.FixedWindow, 10), nil)
 	self := c.Self()
 	echo := &crdt.Batch{Version: crdt.Version, From: self, Seq: 1, Sent: t0.UnixMilli(), Clock: t0.UnixMilli(),
 		Windows: []crdt.WindowEntry{{Rule: "api", Key: "k", WindowMs: 1000, Window: t0.UnixMilli() / 1000, Admitted: 9, Attempted: 9}}}

@@ -389,7 +389,7 @@ func (e *traceEnv) do(cmd string) (string, error) {
 func (e *traceEnv) newCore(peer string, join bool, policy node.Policy) *node.Core {
 	e.t.Helper()
 	rules := []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 100, Window: time.Minute}}
-	return newCore(e.t, peer, uint64(len(e.index)+1), e.net.Now(), rules, func(c *node.CoreConfig) {
+	return newCore(e.t, peer, e.net.Now(), rules, func(c *node.CoreConfig) {
 		c.Join, c.Policy = join, policy
 		c.Incarnation = 1
 	})

@@ -3,7 +3,6 @@ package persistence_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -37,7 +36,7 @@ func BenchmarkNodeAllow(b *testing.B) {
 				}
 			}
 			cfg := node.DefaultConfig()
-			cfg.Peer, cfg.Seed, cfg.Store = "bench", 1, st
+			cfg.Peer, cfg.Store = "bench", st
 			cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.SlidingWindow, Limit: limiter.MaxLimit, Window: time.Hour}}
 			cfg.Transport = memnet.NewHub().Transport("bench")
 			cfg.FlushInterval = bc.flush
@@ -111,7 +110,6 @@ func BenchmarkExport(b *testing.B) {
 			cfg := node.DefaultCoreConfig()
 			now := time.UnixMilli(472_223 * 3_600_000) // an hour's start: the window lasts the run
 			cfg.Peer, cfg.Incarnation = "bench", 1
-			cfg.Rand = newRand()
 			cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: limiter.MaxLimit, Window: time.Hour}}
 			cfg.SyncInterval = time.Millisecond
 			c, err := node.NewCore(cfg, now)
@@ -160,5 +158,3 @@ func BenchmarkExport(b *testing.B) {
 		})
 	}
 }
-
-func newRand() *rand.Rand { return rand.New(rand.NewPCG(1, 1)) }

@@ -422,7 +422,6 @@ func (s *sim) startNode(i int, join bool) error {
 	cfg.Rules = s.sc.Rules
 	cfg.Join = join
 	cfg.Incarnation = node.NextIncarnation(n.inc, s.local(i))
-	cfg.Rand = newRand(s.rng.Uint64(), s.rng.Uint64())
 	c, err := node.NewCore(cfg, s.local(i))
 	if err != nil {
 		return err

@@ -29,7 +29,7 @@ type Scenario struct {
 	// Nodes is the number of nodes at the start.
 	Nodes     int
 	Network   Network
-	Mesh      node.CoreConfig // durations and policy; Peer, Incarnation, Rules, Rand unset
+	Mesh      node.CoreConfig // durations and policy; Peer, Incarnation, Rules unset
 	Rules     []limiter.Rule  // as written; the cores normalise them
 	Workloads []Workload
 	// Events are sorted by At (stable: file order within one instant).
@@ -539,7 +539,6 @@ func (raw *rawScenario) buildRules(s *Scenario) error {
 	// Validate the mesh settings and the rule set together with a probe core.
 	cfg := s.Mesh
 	cfg.Peer, cfg.Incarnation, cfg.Rules = "probe", 1, s.Rules
-	cfg.Rand = newRand(0, 0)
 	if _, err := node.NewCore(cfg, epoch); err != nil {
 		msg := strings.TrimPrefix(err.Error(), node.ErrInvalidConfig.Error()+": ")
 		if strings.HasPrefix(msg, "rule ") {
