@@ -63,7 +63,6 @@ const (
 // Sentinel errors; every error the package returns wraps one of them.
 var (
 	ErrInvalidRule    = errors.New("limiter: invalid rule")
-	ErrNotImplemented = errors.New("limiter: not implemented in this version")
 	ErrUnknownClass   = errors.New("limiter: unknown class")
 	ErrUnknownType    = errors.New("limiter: unknown request type")
 	ErrBadCost        = errors.New("limiter: bad cost")
@@ -76,7 +75,7 @@ type RuleError struct {
 	Rule  string
 	Field string
 	Msg   string
-	Err   error // ErrInvalidRule or ErrNotImplemented
+	Err   error // ErrInvalidRule
 }
 
 func (e *RuleError) Error() string {
