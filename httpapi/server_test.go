@@ -323,3 +323,59 @@ func TestMetricsLint(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutes: every endpoint under its method (GET admits HEAD), any
+// other method 405 with Allow, any other path (one ServeMux would
+// redirect included) 404, all answered in JSON.
+func TestRoutes(t *testing.T) {
+	_, _, ts := startServer(t, nil, "a")
+	tests := []struct {
+		method, path string
+		status       int
+		allow, body  string // body: exact, "" for HEAD
+	}{
+		{"GET", "/v1/allow", 405, "POST", `{"error":"method GET not allowed; use POST"}`},
+		{"HEAD", "/v1/allow", 405, "POST", ``},
+		{"OPTIONS", "/v1/wait", 405, "POST", `{"error":"method OPTIONS not allowed; use POST"}`},
+		{"GET", "/v1/acquire", 405, "POST", `{"error":"method GET not allowed; use POST"}`},
+		{"PUT", "/v1/renew", 405, "POST", `{"error":"method PUT not allowed; use POST"}`},
+		{"GET", "/v1/release", 405, "POST", `{"error":"method GET not allowed; use POST"}`},
+		{"POST", "/v1/usage?rule=api&key=k", 405, "GET, HEAD", `{"error":"method POST not allowed; use GET"}`},
+		{"POST", "/v1/peers", 405, "GET, HEAD", `{"error":"method POST not allowed; use GET"}`},
+		{"GET", "/v1/peers/QmNobody/evict", 405, "POST", `{"error":"method GET not allowed; use POST"}`},
+		{"DELETE", "/metrics", 405, "GET, HEAD", `{"error":"method DELETE not allowed; use GET"}`},
+		{"POST", "/healthz", 405, "GET, HEAD", `{"error":"method POST not allowed; use GET"}`},
+		{"GET", "/healthz", 200, "", `{"state":"ready"}`},
+		{"HEAD", "/healthz", 200, "", ``},
+		{"HEAD", "/v1/usage?rule=zz&key=k", 404, "", ``},
+		{"POST", "/v1/peers/QmNobody/evict", 404, "", `{"error":"peer_id: unknown peer \"QmNobody\""}`},
+		{"GET", "/v2/allow", 404, "", `{"error":"no such endpoint: /v2/allow"}`},
+		{"GET", "/", 404, "", `{"error":"no such endpoint: /"}`},
+		{"POST", "/v1/allow/", 404, "", `{"error":"no such endpoint: /v1/allow/"}`},
+		{"GET", "/v1/ALLOW", 404, "", `{"error":"no such endpoint: /v1/ALLOW"}`},
+		{"GET", "/v1//usage", 404, "", `{"error":"no such endpoint: /v1//usage"}`},
+		{"GET", "/v1/./usage?rule=api&key=k", 404, "", `{"error":"no such endpoint: /v1/./usage"}`},
+		{"POST", "/v1/peers//evict", 404, "", `{"error":"no such endpoint: /v1/peers//evict"}`},
+		{"POST", "/v1/peers/QmNobody/evict/x", 404, "", `{"error":"no such endpoint: /v1/peers/QmNobody/evict/x"}`},
+		{"POST", "/v1/peers/QmNobody", 404, "", `{"error":"no such endpoint: /v1/peers/QmNobody"}`},
+		{"GET", "/v1/peers/", 404, "", `{"error":"no such endpoint: /v1/peers/"}`},
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, tc := range tests {
+		req, err := http.NewRequest(tc.method, ts.URL+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow || strings.TrimSpace(string(body)) != tc.body ||
+			resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d Allow %q %s %q, want %d Allow %q application/json %q", tc.method, tc.path,
+				resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("Content-Type"), body, tc.status, tc.allow, tc.body)
+		}
+	}
+}

@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"fmt"
 	"math"
 	"time"
 
@@ -88,10 +87,10 @@ func (l *Limiter) Resolve(key string, req Request) (Check, error) {
 // than the rest of the resolution).
 func (l *Limiter) resolve(ch *Check, key string, req *Request) error {
 	if key == "" || len(key) > crdt.MaxKeyLen {
-		return fmt.Errorf("%w: key must be 1 to %d bytes, got %d", ErrBadKey, crdt.MaxKeyLen, len(key))
+		return requestErr("key", ErrBadKey, "bad key: key must be 1 to %d bytes, got %d", crdt.MaxKeyLen, len(key))
 	}
 	if l.rule.Algorithm == Concurrency {
-		return fmt.Errorf("%w: rule %q is a concurrency rule; acquire a lease", ErrWrongAlgorithm, l.rule.Name)
+		return requestErr("rule", ErrWrongAlgorithm, "wrong algorithm for this call: rule %q is a concurrency rule; acquire a lease", l.rule.Name)
 	}
 	var cost uint64 = 1
 	if req.HasCost && req.Type == "" && req.Cost <= MaxCost {
@@ -301,10 +300,10 @@ func (l *Limiter) Earliest(ch Check, env Env) time.Duration {
 // ResolveLease validates key and class for a concurrency rule.
 func (l *Limiter) ResolveLease(key, class string) (Check, error) {
 	if key == "" || len(key) > crdt.MaxKeyLen {
-		return Check{}, fmt.Errorf("%w: key must be 1 to %d bytes, got %d", ErrBadKey, crdt.MaxKeyLen, len(key))
+		return Check{}, requestErr("key", ErrBadKey, "bad key: key must be 1 to %d bytes, got %d", crdt.MaxKeyLen, len(key))
 	}
 	if l.rule.Algorithm != Concurrency {
-		return Check{}, fmt.Errorf("%w: rule %q is a %s rule; use allow", ErrWrongAlgorithm, l.rule.Name, l.rule.Algorithm)
+		return Check{}, requestErr("rule", ErrWrongAlgorithm, "wrong algorithm for this call: rule %q is a %s rule; use allow", l.rule.Name, l.rule.Algorithm)
 	}
 	limit, unlimited, err := l.rule.LimitFor(key, class)
 	if err != nil {
