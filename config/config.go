@@ -1,7 +1,8 @@
-// Package config reads ratemesh's YAML configuration file (DESIGN.md,
-// "Config file"): the node and mesh settings and the rules. Unknown keys,
-// impossible values and duplicate rule names are refused with a message
-// naming the section or the rule and the field, for example
+// Package config reads ratemesh's YAML configuration file
+// (docs/operations.md, "Config file"): the node and mesh settings and the
+// rules. Unknown keys, impossible values and duplicate rule names are
+// refused with a message naming the section or the rule and the field, for
+// example
 //
 //	rules[2] "publish": window: must be positive, for example 1s
 //
@@ -16,6 +17,10 @@
 //	data, _ := os.ReadFile(path)
 //	rules, errs := config.Reload(running, data) // invalid rules keep their old version
 //	n.Reload(rules)
+//
+// Files that hold a mesh section and rules beside keys of their own (the
+// simulator's scenarios) read them with ParseMesh and ParseRules: the same
+// schema and the same errors.
 //
 // Nothing here is shared or mutable: every function is safe for concurrent
 // use.
@@ -186,7 +191,7 @@ func DefaultRule() limiter.Rule {
 }
 
 // Default returns the configuration of a node started without a file:
-// DESIGN.md's safe defaults (loopback only, data in ./ratemesh-data, mDNS
+// the documented safe defaults (loopback only, data in ./ratemesh-data, mDNS
 // off, the built-in default rule).
 func Default() Config {
 	cc := node.DefaultCoreConfig()

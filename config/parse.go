@@ -277,7 +277,7 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 		return pr
 	}
 	if r.Algorithm != limiter.Concurrency && r.LeaseTTL != 0 {
-		// DESIGN.md's example sets lease_ttl on a windowed rule ("concurrency
+		// The documented example sets lease_ttl on a windowed rule ("concurrency
 		// only"): it does not apply there, and saying so beats refusing it.
 		pr.warning = fmt.Sprintf("%s: applies to concurrency rules only; ignored for %s", rulePath(i, pr.name, "lease_ttl"), r.Algorithm)
 		r.LeaseTTL = 0

@@ -707,9 +707,9 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// PeersJSON converts the node's member table for /v1/peers, with
+// peersJSON converts the node's member table for /v1/peers, with
 // addresses from t (nil: none).
-func PeersJSON(ps []node.PeerInfo, t Transport) PeersResponse {
+func peersJSON(ps []node.PeerInfo, t Transport) PeersResponse {
 	resp := PeersResponse{Peers: make([]PeerJSON, 0, len(ps))}
 	for _, p := range ps {
 		pj := PeerJSON{
@@ -743,7 +743,7 @@ func (s *Server) peers(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Transport != nil {
 		t = s.cfg.Transport
 	}
-	writeJSON(w, http.StatusOK, PeersJSON(ps, t))
+	writeJSON(w, http.StatusOK, peersJSON(ps, t))
 }
 
 func (s *Server) evict(w http.ResponseWriter, r *http.Request) {

@@ -1,4 +1,4 @@
-// Package httpapi serves a node over HTTP: the JSON API of DESIGN.md
+// Package httpapi serves a node over HTTP: the JSON API of docs/http-api.md
 // (/v1/allow, /v1/wait, /v1/acquire, /v1/renew, /v1/release, /v1/usage,
 // /v1/peers, /v1/peers/{peer_id}/evict, /healthz) and Prometheus metrics on
 // /metrics, from its own registry.

@@ -45,7 +45,7 @@ type Option struct {
 func Cost(n uint64) Option { return Option{kind: optCost, n: n} }
 
 // Type prices the request by the rule's cost table: units of request type
-// t (DESIGN.md's costs, {each: N} or {per: N}). It excludes Cost.
+// t (a rule's costs, {each: N} or {per: N}). It excludes Cost.
 func Type(t string, units uint64) Option { return Option{kind: optType, s: t, n: units} }
 
 // Class names the client's class, which scales the key's limit by the

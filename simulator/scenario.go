@@ -21,8 +21,8 @@ import (
 // ErrScenario wraps every scenario parse and validation error.
 var ErrScenario = errors.New("simulator: invalid scenario")
 
-// Scenario is a parsed and validated scenario file (DESIGN.md, "Simulator
-// scenario"). Build one with Parse; the zero value is not runnable.
+// Scenario is a parsed and validated scenario file (docs/simulator.md,
+// "Scenarios"). Build one with Parse; the zero value is not runnable.
 type Scenario struct {
 	Name     string
 	Seed     uint64
@@ -219,7 +219,11 @@ func errf(field, format string, args ...any) error {
 var lineRE = regexp.MustCompile(`line (\d+)`)
 
 // Parse reads a scenario from YAML. Unknown fields and impossible values
-// are errors that name the field.
+// are errors that name the field. The mesh section and the rules are a
+// config file's, read by package config (config.ParseMesh,
+// config.ParseRules): the same schema and the same errors, naming the path
+// and the line (rules[0] "api": limit: line 5: …); the mesh section adds
+// join_timeout and local_clock.
 func Parse(data []byte) (*Scenario, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)

@@ -52,7 +52,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 func runServe(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("serve", flag.ContinueOnError)
 	setUsage(fset, stderr)
-	cfgPath := fset.String("config", "", "YAML config `file` (DESIGN.md); flags override it")
+	cfgPath := fset.String("config", "", "YAML config `file` (docs/operations.md); flags override it")
 	var listen, bootstrap multiFlag
 	fset.Var(&listen, "listen", "libp2p listen `multiaddr` (repeatable; default /ip4/127.0.0.1/tcp/4001)")
 	api := fset.String("api", "", "HTTP API `host:port` (default 127.0.0.1:8080; port 0 picks one)")
@@ -212,7 +212,7 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 	ncfg.Rules = rules
 	// The API serves during the join: /healthz answers 503 "joining" and
 	// decisions are denied with retry_after = the time left of
-	// join_timeout (DESIGN, Decision: joining).
+	// join_timeout (docs/design.md, "Joining and state transfer").
 	ncfg.StartJoining = true
 
 	// The API listens before the node has joined, so /healthz can say so.
