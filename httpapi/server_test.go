@@ -1,20 +1,19 @@
 package httpapi_test
 
 import (
-	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/internal/apitest"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
-	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
 )
 
@@ -26,29 +25,6 @@ func testRules() []limiter.Rule {
 		{Name: "big", Algorithm: limiter.FixedWindow, Limit: 1000, Window: time.Hour},
 		{Name: "conc", Algorithm: limiter.Concurrency, Limit: 1, LeaseTTL: time.Minute},
 	}
-}
-
-// startServer starts a node on an in-memory network of its own and an
-// API server over it.
-func startServer(t *testing.T, hub *memnet.Hub, peer string) (*node.Node, *httpapi.Server, *httptest.Server) {
-	t.Helper()
-	if hub == nil {
-		hub = memnet.NewHub()
-	}
-	cfg := node.DefaultConfig()
-	cfg.Peer, cfg.Rules, cfg.Transport, cfg.Seed = peer, testRules(), hub.Transport(peer), 7
-	n, err := node.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close() })
-	s, err := httpapi.New(httpapi.Config{Node: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
-	return n, s, ts
 }
 
 func do(t *testing.T, method, url, body string) (int, map[string]any) {
@@ -73,7 +49,7 @@ func do(t *testing.T, method, url, body string) (int, map[string]any) {
 }
 
 func TestBadInput(t *testing.T) {
-	_, _, ts := startServer(t, nil, "a")
+	ts := apitest.Start(t, nil, "a", testRules()).Server
 	long := strings.Repeat("k", 257)
 	huge := `{"rule":"api","key":"k","pad":"` + strings.Repeat("x", 70<<10) + `"}`
 	tests := []struct {
@@ -156,7 +132,8 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestAllowAndFriends(t *testing.T) {
-	n, _, ts := startServer(t, nil, "a")
+	m := apitest.Start(t, nil, "a", testRules())
+	n, ts := m.Node, m.Server
 	for i := range 5 {
 		status, out := do(t, "POST", ts.URL+"/v1/allow", `{"rule":"api","key":"k"}`)
 		if status != 200 || out["allowed"] != true || out["limit"].(float64) != 5 || out["remaining"].(float64) != float64(4-i) || out["reason"] != "admitted" {
@@ -257,14 +234,14 @@ func TestAllowAndFriends(t *testing.T) {
 
 func TestLeaseOwnedElsewhereAndEvict(t *testing.T) {
 	hub := memnet.NewHub()
-	_, _, tsA := startServer(t, hub, "a")
+	tsA := apitest.Start(t, hub, "a", testRules()).Server
 	// Acquire while a is alone: with b in the mesh, a limit of 1 over two
 	// members is a lottery.
 	status, out := do(t, "POST", tsA.URL+"/v1/acquire", `{"rule":"conc","key":"k"}`)
 	if status != 200 || out["allowed"] != true {
 		t.Fatalf("acquire: %d %v", status, out)
 	}
-	_, _, tsB := startServer(t, hub, "b")
+	tsB := apitest.Start(t, hub, "b", testRules()).Server
 	id := out["lease_id"].(string)
 	for _, path := range []string{"/v1/renew", "/v1/release"} {
 		status, out = do(t, "POST", tsB.URL+path, `{"lease_id":"`+id+`"}`)
@@ -273,17 +250,10 @@ func TestLeaseOwnedElsewhereAndEvict(t *testing.T) {
 		}
 	}
 	// b learns of a, then evicts it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, out = do(t, "GET", tsB.URL+"/v1/peers", "")
-		if len(out["peers"].([]any)) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("b never saw a: %v", out)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
+		_, out := do(t, "GET", tsB.URL+"/v1/peers", "")
+		return len(out["peers"].([]any)) == 2, fmt.Sprintf("b has not seen a: %v", out)
+	})
 	status, out = do(t, "POST", tsB.URL+"/v1/peers/a/evict", "")
 	if status != 200 || len(out) != 0 {
 		t.Fatalf("evict: %d %v", status, out)
@@ -291,10 +261,11 @@ func TestLeaseOwnedElsewhereAndEvict(t *testing.T) {
 }
 
 func TestMetricsLint(t *testing.T) {
-	_, s, ts := startServer(t, nil, "a")
+	m := apitest.Start(t, nil, "a", testRules())
+	s, ts := m.API, m.Server
 	do(t, "POST", ts.URL+"/v1/allow", `{"rule":"api","key":"k"}`)
 	s.ObserveReload("ok")
-	problems, err := testutil.GatherAndLint(s.Registry())
+	problems, err := promtest.GatherAndLint(s.Registry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +299,7 @@ func TestMetricsLint(t *testing.T) {
 // other method 405 with Allow, any other path (one ServeMux would
 // redirect included) 404, all answered in JSON.
 func TestRoutes(t *testing.T) {
-	_, _, ts := startServer(t, nil, "a")
+	ts := apitest.Start(t, nil, "a", testRules()).Server
 	tests := []struct {
 		method, path string
 		status       int
