@@ -270,9 +270,11 @@ func TestServeEnvoyThreeProcesses(t *testing.T) {
 			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "x"}}}}})
 		return err == nil && r.GetStatuses()[0].GetCurrentLimit() != nil, "the new domain applies: " + fmt.Sprint(r, err)
 	})
-	if l := grepLines(procs[0].stderr.String(), "apply only after a restart"); !strings.Contains(l, "mesh.evict_after") {
-		t.Errorf("the reload does not log mesh.evict_after as needing a restart: %q", l)
-	}
+	// stderr reaches the test through a pipe: poll for the line too.
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		l := grepLines(procs[0].stderr.String(), "apply only after a restart")
+		return strings.Contains(l, "mesh.evict_after"), fmt.Sprintf("the reload logs mesh.evict_after as needing a restart: %q", l)
+	})
 	write(t, desc, "domain: [\n")
 	write(t, cfgPath, "rules: [\n")
 	if err := procs[0].cmd.Process.Signal(syscall.SIGHUP); err != nil {
