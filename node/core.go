@@ -180,7 +180,7 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 	c.selfID = c.intern(c.self, nil)
 	rules := make([]limiter.Rule, len(cfg.Rules))
 	for i, r := range cfg.Rules {
-		l, err := limiter.New(r, c.c, c.selfID, 0) // one lottery seed mesh-wide: stratified draws
+		l, err := limiter.New(r, c.c, c.selfID) // draws stratified mesh-wide: see limiter.Limiter.draw
 		if err != nil {
 			return nil, err
 		}

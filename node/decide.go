@@ -1,7 +1,6 @@
 package node
 
 import (
-	"fmt"
 	"sort"
 	"time"
 
@@ -53,7 +52,7 @@ func (c *Core) limiter(rule string) (*limiter.Limiter, error) {
 	}
 	l, ok := c.limiters[rule]
 	if !ok {
-		return nil, fmt.Errorf("%w %q", ErrUnknownRule, rule)
+		return nil, unknownRule(rule)
 	}
 	c.lastRule, c.lastLim = rule, l
 	return l, nil
@@ -128,6 +127,7 @@ type Check struct {
 	Rule    string
 	Key     string
 	Request limiter.Request
+	err     error // an option NewCheck refused; AllowAll reports it
 }
 
 // AllowAll decides several checks as one: it admits only if every check
@@ -145,10 +145,10 @@ func (c *Core) allowAll(now time.Time, checks []Check, counted []int64) (allowed
 	chs := make([]limiter.Check, len(checks))
 	for i, ck := range checks {
 		if ls[i], err = c.limiter(ck.Rule); err != nil {
-			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+			return false, nil, &CheckError{Index: i, Err: err}
 		}
 		if chs[i], err = ls[i].Resolve(ck.Key, ck.Request); err != nil {
-			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+			return false, nil, &CheckError{Index: i, Err: err}
 		}
 	}
 	env := c.env(now)

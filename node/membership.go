@@ -1,7 +1,6 @@
 package node
 
 import (
-	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -193,7 +192,7 @@ func (c *Core) IsLive(peer string) bool {
 func (c *Core) Evict(now time.Time, peer string) error {
 	m := c.members.byPeer[peer]
 	if m == nil {
-		return fmt.Errorf("%w %q", ErrUnknownPeer, peer)
+		return unknownPeer(peer)
 	}
 	c.evict(now, m)
 	return nil

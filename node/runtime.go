@@ -41,8 +41,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Seed has no effect: nothing in a member draws random numbers. (The
 	// share lottery's draws are stratified over the mesh from a hash
-	// every member computes alike, with one seed mesh-wide: see
-	// limiter.New.)
+	// every member computes alike from the key and the window; see
+	// limiter.Limiter.Decide.)
 	//
 	// Deprecated: leave it unset; it remains so that configs setting it
 	// still compile.
@@ -618,8 +618,8 @@ func (n *Node) AllowAll(ctx context.Context, checks ...Check) (allowed bool, ds 
 		return false, nil, err
 	}
 	for i := range checks {
-		if err := badCheck(&checks[i]); err != nil {
-			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+		if err := checks[i].err; err != nil {
+			return false, nil, &CheckError{Index: i, Err: err}
 		}
 	}
 	n.mu.Lock()
