@@ -103,10 +103,10 @@ type Stats struct {
 }
 
 // Core is one member of the mesh as a pure state machine: requests, inbound
-// batches and ticks go in with the time they happen at; batches to publish
-// and membership changes come out of Tick. It never reads a clock, starts a
-// goroutine or performs I/O, so the simulator runs exactly the code
-// production runs.
+// batches (Step), new connections (AntiEntropy) and ticks go in with the
+// time they happen at; everything it asks its owner to do comes out in a
+// Ready. It never reads a clock, starts a goroutine or performs I/O, so
+// the simulator runs exactly the code production runs.
 //
 // Core holds the slots, the replicated counters (the container), the
 // limiters that decide over them, and dispatches to its sub-states, each
@@ -420,14 +420,16 @@ func (c *Core) entrySlot(b *crdt.Batch, i uint32) crdt.SlotID {
 	return c.intern(s, c.members.byPeer[s.Peer])
 }
 
-// Tick advances timers to now: membership states, acknowledgements, lease
-// expiry, the clock offset, garbage collection, and the batches due. Call
-// it at least every SyncInterval.
+// Tick advances timers to now — membership states, acknowledgements, lease
+// expiry, the clock offset, the join timeout, garbage collection — and
+// returns everything the core has for its owner: the batches due, the
+// relays asked for since the last Tick, and the changes. Call it at least
+// every SyncInterval, and at Ready.NextTick. After Leave it does nothing.
 func (c *Core) Tick(now time.Time) Ready {
-	var rd Ready
 	if c.closed {
-		return rd
+		return Ready{NextTick: c.out.nextSync}
 	}
+	var rd Ready
 	c.updateMembers(now)
 	c.noteFence(now)
 	c.clock.tick(now, c.members.order)
