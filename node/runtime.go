@@ -42,10 +42,8 @@ type Config struct {
 	// Seed has no effect: nothing in a member draws random numbers. (The
 	// share lottery's draws are stratified over the mesh from a hash
 	// every member computes alike from the key and the window; see
-	// limiter.Limiter.Decide.)
-	//
-	// Deprecated: leave it unset; it remains so that configs setting it
-	// still compile.
+	// limiter.Limiter.Decide.) Leave it unset: it remains only while
+	// tests elsewhere still set it, and will go.
 	Seed uint64
 	// Clock is the local clock. Nil means time.Now. Tests may inject a
 	// clock that runs at real speed with an offset; timers (ticks, Wait)
