@@ -130,24 +130,40 @@ var (
 	ErrTooLarge = errors.New("mesh: batch over the message size cap")
 )
 
+// validate checks a Config for New, naming the first wrong field.
 func (c *Config) validate() error {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("mesh: config %s: "+format, append([]any{field}, args...)...)
+	if err := c.validateNamespace(); err != nil {
+		return err
 	}
+	if c.PrivKey == nil {
+		return badField("PrivKey", "required (the member's identity)")
+	}
+	return c.validateRest()
+}
+
+func badField(field, format string, args ...any) error {
+	return fmt.Errorf("mesh: config %s: "+format, append([]any{field}, args...)...)
+}
+
+func (c *Config) validateNamespace() error {
 	if c.Namespace == "" {
-		return bad("Namespace", "must not be empty")
+		return badField("Namespace", "must not be empty")
 	}
 	for _, r := range c.Namespace {
 		if r <= ' ' || r == '/' || r == 0x7f {
-			return bad("Namespace", "%q: no spaces, control characters or '/'", c.Namespace)
+			return badField("Namespace", "%q: no spaces, control characters or '/'", c.Namespace)
 		}
 	}
 	if len(c.Namespace) > 64 {
-		return bad("Namespace", "%d bytes, over 64", len(c.Namespace))
+		return badField("Namespace", "%d bytes, over 64", len(c.Namespace))
 	}
-	if c.PrivKey == nil {
-		return bad("PrivKey", "required (the member's identity)")
-	}
+	return nil
+}
+
+// validateRest checks the fields after Namespace and PrivKey, which New
+// and Attach share.
+func (c *Config) validateRest() error {
+	bad := badField
 	if len(c.PSK) != 0 && len(c.PSK) != 32 {
 		return bad("PSK", "%d bytes, want 32", len(c.PSK))
 	}
