@@ -53,6 +53,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-yamux/v5"
 
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
@@ -404,10 +405,16 @@ func CodeOf(err error) network.StreamErrorCode {
 	}
 }
 
-// IsRateLimited reports whether err, from a Read or Write on a stream this
-// side opened, says the remote side reset it with CodeRateLimited: the
-// stream was denied, and a later one may pass.
+// IsRateLimited reports whether err, from a Read, Write or CloseWrite on a
+// stream this side opened, says the remote side reset it with
+// CodeRateLimited: the stream was denied, and a later one may pass. It
+// knows libp2p's *network.StreamError and the *yamux.StreamError that
+// go-libp2p v0.51's yamux streams return unconverted from CloseWrite.
 func IsRateLimited(err error) bool {
 	var se *network.StreamError
-	return errors.As(err, &se) && se.Remote && se.ErrorCode == CodeRateLimited
+	if errors.As(err, &se) {
+		return se.Remote && se.ErrorCode == CodeRateLimited
+	}
+	var ye *yamux.StreamError
+	return errors.As(err, &ye) && ye.Remote && network.StreamErrorCode(ye.ErrorCode) == CodeRateLimited
 }

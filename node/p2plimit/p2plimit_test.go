@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-yamux/v5"
 
 	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
@@ -513,4 +514,28 @@ func TestLeaseRenewedWhileOpen(t *testing.T) {
 		got := leases(t, n, key)
 		return got == 0, fmt.Sprintf("%d leases after closing both", got)
 	})
+}
+
+// TestIsRateLimited: the remote's RATE_LIMITED reset is recognised as
+// libp2p reports it and as yamux reports it from CloseWrite; a local
+// reset, another code or another error is not.
+func TestIsRateLimited(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&network.StreamError{ErrorCode: 0x1003, Remote: true}, true},
+		{fmt.Errorf("read: %w", &network.StreamError{ErrorCode: 0x1003, Remote: true}), true},
+		{&yamux.StreamError{ErrorCode: 0x1003, Remote: true}, true},
+		{&network.StreamError{ErrorCode: 0x1003, Remote: false}, false},
+		{&network.StreamError{ErrorCode: 0x1004, Remote: true}, false},
+		{&yamux.StreamError{ErrorCode: 0, Remote: true}, false},
+		{network.ErrReset, false},
+		{io.EOF, false},
+		{nil, false},
+	} {
+		if got := p2plimit.IsRateLimited(c.err); got != c.want {
+			t.Errorf("IsRateLimited(%v) = %t, want %t", c.err, got, c.want)
+		}
+	}
 }
