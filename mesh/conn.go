@@ -339,10 +339,11 @@ func addrString(pi peer.AddrInfo) string {
 // learn of its eviction and take a new incarnation.
 //
 // An attached Mesh has no gater on the service's host and does not cut
-// the service's connections: it ignores the peer's gossip (as author or
-// forwarder), resets its sync and forward streams, no longer reports it
-// as a peer and does not dial it. Its own gossip still reaches the peer
-// through the service's PubSub.
+// the service's connections: as if the link were cut, it ignores the
+// gossip the peer forwards (what the peer authors may still arrive
+// through others, as it would around a cut link), resets the peer's sync
+// and forward streams, no longer reports it as a peer and does not dial
+// it. Its own gossip still reaches the peer through the service's PubSub.
 func (m *Mesh) Block(peerID string) error {
 	p, err := peer.Decode(peerID)
 	if err != nil {

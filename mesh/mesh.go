@@ -470,10 +470,13 @@ func (m *Mesh) validate(_ context.Context, from peer.ID, msg *pubsub.Message) pu
 		m.logRejection("rejected an unsigned gossip message", "forwarder", from.String())
 		return pubsub.ValidationReject
 	}
-	author := msg.GetFrom() // verified against the signature
-	if m.gater.isBlocked(author) || m.gater.isBlocked(from) {
+	if m.gater.isBlocked(from) {
+		// Only an attached Mesh hears a blocked peer (it cannot cut the
+		// service's connection): drop what that peer forwards, as a cut
+		// link would.
 		return pubsub.ValidationIgnore
 	}
+	author := msg.GetFrom() // verified against the signature
 	data := msg.GetData()
 	if len(data) > m.cfg.MaxMessageBytes {
 		m.reject(false, ReasonOversize, author, fmt.Errorf("%d bytes, cap %d", len(data), m.cfg.MaxMessageBytes))
