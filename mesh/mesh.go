@@ -168,9 +168,11 @@ func New(cfg Config) (*Mesh, error) {
 	opts = append(opts, libp2p.NoListenAddrs) // listen binds cfg.Listen below, every one or none
 	m.h, err = libp2p.New(opts...)
 	if err != nil {
+		m.cancel()
 		return nil, fmt.Errorf("mesh: start host: %w", err)
 	}
 	if err := listen(m.h, cfg.Listen); err != nil {
+		m.cancel()
 		_ = m.h.Close()
 		return nil, err
 	}
