@@ -118,19 +118,18 @@ func startService(ctx context.Context, o options, bootstrap []string) (*service,
 // protect attaches a ratemesh member to the service's host and PubSub,
 // starts its node and serves the echo protocol through p2plimit.
 func (s *service) protect(ctx context.Context, mcfg mesh.Config, ncfg node.Config, lcfg p2plimit.Config) (err error) {
+	var limit func(network.StreamHandler) network.StreamHandler
 	// snippet:start libp2p-service
-	ncfg.Transport, err = mesh.Attach(s.h, s.ps, mcfg) // ratemesh on the service's own host and gossipsub
-	if err != nil {
+	if ncfg.Transport, err = mesh.Attach(s.h, s.ps, mcfg); err != nil { // the service's own host and gossipsub
 		return err
 	}
-	if s.node, err = node.Start(ctx, ncfg); err != nil {
-		return errors.Join(err, ncfg.Transport.Close()) // Close detaches ratemesh; h and ps run on
+	if s.node, err = node.Start(ctx, ncfg); err != nil { // s.node.Close detaches; s.h and s.ps run on
+		return errors.Join(err, ncfg.Transport.Close())
 	}
-	limit, err := p2plimit.New(s.node, lcfg) // lcfg.Rule = "echo": per remote peer ID, mesh-wide
-	if err != nil {
+	if limit, err = p2plimit.New(s.node, lcfg); err != nil { // lcfg.Rule "echo": per remote peer, mesh-wide
 		return err
 	}
-	s.h.SetStreamHandler(EchoProtocol, limit(echo)) // denied streams: reset with RATE_LIMITED
+	s.h.SetStreamHandler(EchoProtocol, limit(echo)) // a denied stream is reset with RATE_LIMITED
 	// snippet:end
 	return nil
 }
