@@ -1,8 +1,8 @@
-// Package config reads ratemesh's YAML configuration file (DESIGN.md,
-// "Config file"): the node and mesh settings and the rules. Unknown keys,
-// impossible values, duplicate rule names and values this version does not
-// implement yet are refused with a message naming the section or the rule
-// and the field, for example
+// Package config reads ratemesh's YAML configuration file
+// (docs/operations.md, "Config file"): the node and mesh settings and the
+// rules. Unknown keys, impossible values and duplicate rule names are
+// refused with a message naming the section or the rule and the field, for
+// example
 //
 //	rules[2] "publish": window: must be positive, for example 1s
 //
@@ -10,12 +10,17 @@
 //
 //	cfg, err := config.Load(path) // or config.Default() without a file
 //	ncfg := cfg.NodeConfig(node.DefaultConfig())
-//	mcfg := cfg.MeshConfig(mesh.DefaultConfig())
+//	// the transport's settings: cfg.Mesh.Namespace, cfg.Node.Listen,
+//	// cfg.PeerBootstrap(), cfg.Node.MDNS, cfg.Node.PSKFile
 //	…
 //	// on SIGHUP:
 //	data, _ := os.ReadFile(path)
 //	rules, errs := config.Reload(running, data) // invalid rules keep their old version
 //	n.Reload(rules)
+//
+// Files that hold a mesh section and rules beside keys of their own (the
+// simulator's scenarios) read them with ParseMesh and ParseRules: the same
+// schema and the same errors.
 //
 // Nothing here is shared or mutable: every function is safe for concurrent
 // use.
@@ -32,7 +37,6 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/limiter"
-	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
 )
 
@@ -45,8 +49,7 @@ var ErrYAML = errors.New("config: not YAML")
 
 // Error is a problem with one field: Path names it the way the file spells
 // it (node.api, mesh.heartbeat, rules[2] "publish": window). It wraps
-// ErrInvalid, and limiter.ErrNotImplemented for a value this version does
-// not implement yet.
+// ErrInvalid (and ErrYAML for a file that is not YAML).
 type Error struct {
 	Path string
 	Msg  string
@@ -147,10 +150,20 @@ type Mesh struct {
 	MaxSkew         time.Duration
 }
 
-// minReclaim is node.CoreConfig.MinReclaimAfter for these settings.
-func (m *Mesh) minReclaim() time.Duration {
-	cc := node.CoreConfig{SuspectAfter: m.SuspectAfter, Heartbeat: m.Heartbeat, SyncInterval: m.SyncInterval, MaxSkew: m.MaxSkew}
-	return cc.MinReclaimAfter()
+// CoreConfig returns base with the section's settings applied: the
+// intervals, the silences, the partition policy and max_skew. The rules,
+// the peer and the join settings are left as they are.
+func (m *Mesh) CoreConfig(base node.CoreConfig) node.CoreConfig {
+	base.SyncInterval = m.SyncInterval
+	base.Heartbeat = m.Heartbeat
+	base.RepairInterval = m.RepairInterval
+	base.SuspectAfter = m.SuspectAfter
+	base.DeadAfter = m.DeadAfter
+	base.EvictAfter = m.EvictAfter
+	base.ReclaimAfter = m.ReclaimAfter
+	base.Policy = m.PartitionPolicy
+	base.MaxSkew = m.MaxSkew
+	return base
 }
 
 // Envoy is the envoy section: envoyproxy/ratelimit's descriptor files.
@@ -178,7 +191,7 @@ func DefaultRule() limiter.Rule {
 }
 
 // Default returns the configuration of a node started without a file:
-// DESIGN.md's safe defaults (loopback only, data in ./ratemesh-data, mDNS
+// the documented safe defaults (loopback only, data in ./ratemesh-data, mDNS
 // off, the built-in default rule).
 func Default() Config {
 	cc := node.DefaultCoreConfig()
@@ -230,8 +243,7 @@ func Load(path string) (*Config, error) {
 
 // Parse parses a configuration file over Default and validates it whole.
 // The first problem found is returned, naming the section or the rule
-// and the field; it wraps ErrInvalid (and limiter.ErrNotImplemented for a
-// value this version does not implement yet).
+// and the field; it wraps ErrInvalid.
 func Parse(data []byte) (*Config, error) {
 	doc, err := parse(data)
 	if err != nil {
@@ -321,17 +333,9 @@ func Reload(running []limiter.Rule, data []byte) (rules []limiter.Rule, errs []e
 // Peer, Transport and Store are left for the caller; Join is set when
 // bootstrap peers are configured.
 func (c *Config) NodeConfig(base node.Config) node.Config {
+	base.CoreConfig = c.Mesh.CoreConfig(base.CoreConfig)
 	cc := &base.CoreConfig
 	cc.Rules = append([]limiter.Rule(nil), c.Rules...)
-	cc.SyncInterval = c.Mesh.SyncInterval
-	cc.Heartbeat = c.Mesh.Heartbeat
-	cc.RepairInterval = c.Mesh.RepairInterval
-	cc.SuspectAfter = c.Mesh.SuspectAfter
-	cc.DeadAfter = c.Mesh.DeadAfter
-	cc.EvictAfter = c.Mesh.EvictAfter
-	cc.ReclaimAfter = c.Mesh.ReclaimAfter
-	cc.Policy = c.Mesh.PartitionPolicy
-	cc.MaxSkew = c.Mesh.MaxSkew
 	cc.JoinTimeout = c.Node.JoinTimeout
 	cc.Join = len(c.Node.Bootstrap) > 0 // dns: entries too
 	base.FlushInterval = c.Node.FlushInterval
@@ -339,21 +343,17 @@ func (c *Config) NodeConfig(base node.Config) node.Config {
 	return base
 }
 
-// MeshConfig returns base with the file's namespace, listen and bootstrap
-// multiaddrs (not the dns: entries: see DNSBootstrap) and mDNS switch
-// applied. PrivKey, PSK (read PSKFile with mesh.LoadPSK) and Plausible are
-// left for the caller.
-func (c *Config) MeshConfig(base mesh.Config) mesh.Config {
-	base.Namespace = c.Mesh.Namespace
-	base.Listen = append([]string(nil), c.Node.Listen...)
-	base.Bootstrap = nil
+// PeerBootstrap returns the bootstrap entries that are full multiaddrs
+// (ending in /p2p/<peer ID>), the transport's bootstrap list; the dns:
+// entries are DNSBootstrap's.
+func (c *Config) PeerBootstrap() []string {
+	var out []string
 	for _, b := range c.Node.Bootstrap {
 		if !strings.HasPrefix(b, DNSPrefix) {
-			base.Bootstrap = append(base.Bootstrap, b)
+			out = append(out, b)
 		}
 	}
-	base.MDNS = c.Node.MDNS
-	return base
+	return out
 }
 
 // Validate checks the node and mesh sections and the rule set as a whole
@@ -380,11 +380,15 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) validateSections() []error {
+	return append(c.Node.validate(), c.Mesh.validate()...)
+}
+
+// validate checks the node section on its own.
+func (n *Node) validate() []error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, invalid(field, format, args...))
 	}
-	n, m := &c.Node, &c.Mesh
 	if n.API == "" {
 		bad("node.api", "must not be empty (host:port)")
 	}
@@ -411,33 +415,38 @@ func (c *Config) validateSections() []error {
 			bad("node.grpc", "%q is not host:port (port 0 picks one)", n.GRPC)
 		}
 	}
-	positive := []struct {
-		name string
-		d    time.Duration
-	}{
+	positive(&errs, []setting{
 		{"node.join_timeout", n.JoinTimeout}, {"node.flush_interval", n.FlushInterval},
 		{"node.persist_min_window", n.PersistMinWindow},
 		{"node.http.read_timeout", n.HTTP.ReadTimeout}, {"node.http.write_timeout", n.HTTP.WriteTimeout},
 		{"node.http.idle_timeout", n.HTTP.IdleTimeout},
-		{"mesh.sync_interval", m.SyncInterval}, {"mesh.heartbeat", m.Heartbeat},
-		{"mesh.repair_interval", m.RepairInterval}, {"mesh.suspect_after", m.SuspectAfter},
-		{"mesh.dead_after", m.DeadAfter}, {"mesh.evict_after", m.EvictAfter},
-		{"mesh.max_skew", m.MaxSkew},
-	}
-	for _, p := range positive {
-		if p.d <= 0 {
-			bad(p.name, "must be positive, got %v", p.d)
-		}
-	}
+	})
 	switch h := n.HTTP; {
 	case h.MaxHeaderBytes < minHeaderBytes || h.MaxHeaderBytes > maxHeaderBytes:
 		bad("node.http.max_header_bytes", "%d, must be within %d and %d", h.MaxHeaderBytes, minHeaderBytes, maxHeaderBytes)
 	case h.MaxConns < 1 || h.MaxConns > maxConns:
 		bad("node.http.max_conns", "%d, must be within 1 and %d", h.MaxConns, maxConns)
 	}
+	return errs
+}
+
+// validate checks the mesh section on its own: every duration positive,
+// then the order of the silences and the policy.
+func (m *Mesh) validate() []error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, invalid(field, format, args...))
+	}
+	positive(&errs, []setting{
+		{"mesh.sync_interval", m.SyncInterval}, {"mesh.heartbeat", m.Heartbeat},
+		{"mesh.repair_interval", m.RepairInterval}, {"mesh.suspect_after", m.SuspectAfter},
+		{"mesh.dead_after", m.DeadAfter}, {"mesh.evict_after", m.EvictAfter},
+		{"mesh.max_skew", m.MaxSkew},
+	})
 	if len(errs) > 0 {
 		return errs
 	}
+	cc := m.CoreConfig(node.CoreConfig{})
 	switch {
 	case m.Namespace == "":
 		bad("mesh.namespace", "must not be empty")
@@ -451,8 +460,8 @@ func (c *Config) validateSections() []error {
 		bad("mesh.evict_after", "%v is shorter than suspect_after %v", m.EvictAfter, m.SuspectAfter)
 	case m.ReclaimAfter < 0:
 		bad("mesh.reclaim_after", "must not be negative, got %v", m.ReclaimAfter)
-	case m.ReclaimAfter > 0 && m.ReclaimAfter < m.minReclaim():
-		bad("mesh.reclaim_after", "%v leaves a minority too little time to fence itself: at least suspect_after + heartbeat + 2 × sync_interval + max_skew = %v", m.ReclaimAfter, m.minReclaim())
+	case m.ReclaimAfter > 0 && m.ReclaimAfter < cc.MinReclaimAfter():
+		bad("mesh.reclaim_after", "%v leaves a minority too little time to fence itself: at least suspect_after + heartbeat + 2 × sync_interval + max_skew = %v", m.ReclaimAfter, cc.MinReclaimAfter())
 	}
 	switch m.PartitionPolicy {
 	case node.Strict, node.Available:
@@ -462,15 +471,27 @@ func (c *Config) validateSections() []error {
 	return errs
 }
 
+// setting is a duration setting by its name in the file.
+type setting struct {
+	name string
+	d    time.Duration
+}
+
+// positive appends an error to errs for every setting that is not
+// positive.
+func positive(errs *[]error, settings []setting) {
+	for _, s := range settings {
+		if s.d <= 0 {
+			*errs = append(*errs, invalid(s.name, "must be positive, got %v", s.d))
+		}
+	}
+}
+
 // ruleErr names rule i of the file in err.
 func ruleErr(i int, name string, err error) error {
 	var re *limiter.RuleError
 	if errors.As(err, &re) {
-		e := invalid(rulePath(i, name, re.Field), "%s", re.Msg)
-		if re.Err != limiter.ErrInvalidRule {
-			e.errs = append(e.errs, re.Err)
-		}
-		return e
+		return invalid(rulePath(i, name, re.Field), "%s", re.Msg)
 	}
 	return invalid(rulePath(i, name, ""), "%v", err)
 }

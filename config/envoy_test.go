@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/ratemesh/ratemesh/config"
-	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
 )
 
@@ -30,9 +29,8 @@ envoy:
 	if got := cfg.DNSBootstrap(); len(got) != 1 || got[0] != "ratemesh:8080" {
 		t.Errorf("DNSBootstrap %v", got)
 	}
-	mc := cfg.MeshConfig(mesh.DefaultConfig())
-	if len(mc.Bootstrap) != 1 || strings.HasPrefix(mc.Bootstrap[0], "dns:") {
-		t.Errorf("mesh bootstrap %v", mc.Bootstrap)
+	if pb := cfg.PeerBootstrap(); len(pb) != 1 || strings.HasPrefix(pb[0], "dns:") {
+		t.Errorf("PeerBootstrap %v", pb)
 	}
 	if !cfg.NodeConfig(node.DefaultConfig()).Join {
 		t.Error("a node with bootstrap entries joins")

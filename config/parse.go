@@ -66,7 +66,6 @@ func parse(data []byte) (*document, error) {
 		return nil, e
 	}
 	n, m := &doc.cfg.Node, &doc.cfg.Mesh
-	var policy string
 	doc.errs = walk(top, "", fields{
 		"node": func(v *yaml.Node, path string) error {
 			return firstErr(walk(v, path, fields{
@@ -93,21 +92,7 @@ func parse(data []byte) (*document, error) {
 			}))
 		},
 		"mesh": func(v *yaml.Node, path string) error {
-			policy = string(m.PartitionPolicy)
-			err := firstErr(walk(v, path, fields{
-				"namespace":        str(&m.Namespace),
-				"sync_interval":    duration(&m.SyncInterval),
-				"heartbeat":        duration(&m.Heartbeat),
-				"repair_interval":  duration(&m.RepairInterval),
-				"suspect_after":    duration(&m.SuspectAfter),
-				"dead_after":       duration(&m.DeadAfter),
-				"evict_after":      duration(&m.EvictAfter),
-				"reclaim_after":    duration(&m.ReclaimAfter),
-				"partition_policy": str(&policy),
-				"max_skew":         duration(&m.MaxSkew),
-			}))
-			m.PartitionPolicy = node.Policy(policy)
-			return err
+			return firstErr(walk(v, path, meshFields(m)))
 		},
 		"envoy": func(v *yaml.Node, path string) error {
 			return firstErr(walk(v, path, fields{
@@ -116,22 +101,54 @@ func parse(data []byte) (*document, error) {
 		},
 		"rules": func(v *yaml.Node, path string) error {
 			doc.hasRules = true
-			if v.Kind != yaml.SequenceNode {
-				return invalid(path, "line %d: must be a list of rules", v.Line)
+			var err error
+			doc.rules, err = parseRules(v, path)
+			if err == nil && len(doc.rules) == 0 {
+				err = invalid(path, "the list is empty; omit rules for the built-in default rule")
 			}
-			if len(v.Content) == 0 {
-				return invalid(path, "the list is empty; omit rules for the built-in default rule")
-			}
-			for i, rn := range v.Content {
-				doc.rules = append(doc.rules, parseRule(i, rn))
-			}
-			return nil
+			return err
 		},
 	})
 	if len(doc.errs) == 0 {
 		doc.errs = doc.cfg.validateSections()
 	}
 	return doc, nil
+}
+
+// meshFields decodes the mesh section into m.
+func meshFields(m *Mesh) fields {
+	return fields{
+		"namespace":       str(&m.Namespace),
+		"sync_interval":   duration(&m.SyncInterval),
+		"heartbeat":       duration(&m.Heartbeat),
+		"repair_interval": duration(&m.RepairInterval),
+		"suspect_after":   duration(&m.SuspectAfter),
+		"dead_after":      duration(&m.DeadAfter),
+		"evict_after":     duration(&m.EvictAfter),
+		"reclaim_after":   duration(&m.ReclaimAfter),
+		"partition_policy": func(v *yaml.Node, path string) error {
+			var p string
+			err := str(&p)(v, path)
+			if err == nil {
+				m.PartitionPolicy = node.Policy(p)
+			}
+			return err
+		},
+		"max_skew": duration(&m.MaxSkew),
+	}
+}
+
+// parseRules reads a rules list, each rule on its own; an empty list is
+// no error here.
+func parseRules(v *yaml.Node, path string) ([]parsedRule, error) {
+	if v.Kind != yaml.SequenceNode {
+		return nil, invalid(path, "line %d: must be a list of rules", v.Line)
+	}
+	rules := make([]parsedRule, 0, len(v.Content))
+	for i, rn := range v.Content {
+		rules = append(rules, parseRule(i, rn))
+	}
+	return rules, nil
 }
 
 // ruleYAML holds a rule's YAML fields before conversion.
@@ -260,7 +277,7 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 		return pr
 	}
 	if r.Algorithm != limiter.Concurrency && r.LeaseTTL != 0 {
-		// DESIGN.md's example sets lease_ttl on a windowed rule ("concurrency
+		// The documented example sets lease_ttl on a windowed rule ("concurrency
 		// only"): it does not apply there, and saying so beats refusing it.
 		pr.warning = fmt.Sprintf("%s: applies to concurrency rules only; ignored for %s", rulePath(i, pr.name, "lease_ttl"), r.Algorithm)
 		r.LeaseTTL = 0
@@ -312,7 +329,7 @@ func hasKey(m *yaml.Node, key string) bool {
 
 // fields maps a mapping's keys to their decoders; a decoder gets the
 // value and the field's path.
-type fields map[string]func(v *yaml.Node, path string) error
+type fields map[string]Field
 
 // walk decodes mapping m with fs: an unknown or repeated key, or a value
 // its decoder refuses, is an error naming the path. prefix is the

@@ -310,7 +310,7 @@ func TestHitsAddend(t *testing.T) {
 // TestShadowReplacesWildcard covers shadow_mode (counted, reported, never
 // denied, with a metric), replaces and wildcard values.
 func TestShadowReplacesWildcard(t *testing.T) {
-	desc, err := envoy.Parse(readFile(t, "testdata/shadowmode_config.yaml"), readFile(t, "testdata/wildcard.yaml"), envoy.File{Name: "example7.yaml", Data: []byte(`
+	_, err := envoy.Parse(readFile(t, "testdata/shadowmode_config.yaml"), readFile(t, "testdata/wildcard.yaml"), envoy.File{Name: "example7.yaml", Data: []byte(`
 domain: example7
 descriptors:
   - key: key_1
@@ -344,7 +344,7 @@ descriptors:
 	}
 	wild := readFile(t, "testdata/wildcard.yaml")
 	wild.Data = []byte(strings.Replace(string(wild.Data), "domain: test-domain", "domain: wild-domain", 1))
-	desc, err = envoy.Parse(readFile(t, "testdata/shadowmode_config.yaml"), wild, envoy.File{Name: "example7.yaml", Data: []byte(`
+	desc, err := envoy.Parse(readFile(t, "testdata/shadowmode_config.yaml"), wild, envoy.File{Name: "example7.yaml", Data: []byte(`
 domain: example7
 descriptors:
   - key: key_1

@@ -1,7 +1,6 @@
 package httpapi_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,29 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/internal/apitest"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
-	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
 )
-
-func startWith(t *testing.T, hub *memnet.Hub, peer string, rules []limiter.Rule) (*node.Node, *httptest.Server) {
-	t.Helper()
-	cfg := node.DefaultConfig()
-	cfg.Peer, cfg.Rules, cfg.Transport, cfg.Seed = peer, rules, hub.Transport(peer), 11
-	n, err := node.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close() })
-	s, err := httpapi.New(httpapi.Config{Node: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
-	return n, ts
-}
 
 func metricsText(t *testing.T, ts *httptest.Server) string {
 	t.Helper()
@@ -48,10 +29,10 @@ func metricsText(t *testing.T, ts *httptest.Server) string {
 // TestKeyFloodOverridesShadow: a flood of distinct keys stays within
 // max_keys, denied new keys are counted, overrides and shadow apply.
 func TestKeyFloodOverridesShadow(t *testing.T) {
-	_, ts := startWith(t, memnet.NewHub(), "a", []limiter.Rule{
+	ts := apitest.Start(t, nil, "a", []limiter.Rule{
 		{Name: "ip", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Hour, MaxKeys: 50, Overrides: map[string]uint64{"vip": 3}},
 		{Name: "sh", Algorithm: limiter.FixedWindow, Limit: 2, Window: time.Hour, Shadow: true},
-	})
+	}).Server
 	denied := 0
 	for i := range 300 {
 		status, out := do(t, "POST", ts.URL+"/v1/allow", fmt.Sprintf(`{"rule":"ip","key":"10.0.%d.%d"}`, i/256, i%256))
@@ -93,27 +74,21 @@ func TestKeyFloodOverridesShadow(t *testing.T) {
 // and the metrics.
 func TestRulesMismatchShows(t *testing.T) {
 	hub := memnet.NewHub()
-	_, tsA := startWith(t, hub, "a", []limiter.Rule{{Name: "x", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second}})
-	_, tsB := startWith(t, hub, "b", []limiter.Rule{{Name: "x", Algorithm: limiter.FixedWindow, Limit: 20, Window: time.Second}})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	tsA := apitest.Start(t, hub, "a", []limiter.Rule{{Name: "x", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second}}).Server
+	tsB := apitest.Start(t, hub, "b", []limiter.Rule{{Name: "x", Algorithm: limiter.FixedWindow, Limit: 20, Window: time.Second}}).Server
+	var other map[string]any
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		_, out := do(t, "GET", tsA.URL+"/v1/peers", "")
-		var other map[string]any
+		other = nil
 		for _, p := range out["peers"].([]any) {
 			if pm := p.(map[string]any); pm["peer_id"] == "b" {
 				other = pm
 			}
 		}
-		if other != nil && other["rules_hash"] != "0000000000000000" {
-			if other["rules_match"] != false {
-				t.Fatalf("b's rules differ, /v1/peers says %v", other)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a never heard b: %v", out)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return other != nil && other["rules_hash"] != "0000000000000000", fmt.Sprintf("a has not heard b's rules: %v", out)
+	})
+	if other["rules_match"] != false {
+		t.Fatalf("b's rules differ, /v1/peers says %v", other)
 	}
 	for _, ts := range []*httptest.Server{tsA, tsB} {
 		if m := metricsText(t, ts); !strings.Contains(m, "ratemesh_members_rules_mismatch 1") {

@@ -60,7 +60,7 @@ type Server struct {
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	metrics *metrics
-	metricH http.Handler
+	mux     *http.ServeMux
 }
 
 // New returns the API server for cfg.Node.
@@ -79,7 +79,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, reg: prometheus.NewRegistry()}
 	s.metrics = newMetrics(s.reg, cfg)
-	s.metricH = promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{ErrorLog: slogAdapter{s.log}})
+	s.mux = s.routes(promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{ErrorLog: slogAdapter{s.log}}))
 	return s, nil
 }
 
@@ -96,65 +96,73 @@ type slogAdapter struct{ l *slog.Logger }
 
 func (a slogAdapter) Println(v ...any) { a.l.Error("metrics", "err", fmt.Sprint(v...)) }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	path := r.URL.Path
-	if rest, ok := strings.CutPrefix(path, "/v1/peers/"); ok {
-		id, tail, _ := strings.Cut(rest, "/")
-		if tail == "evict" && id != "" {
-			if s.method(w, r, http.MethodPost) {
-				s.evict(w, r, id)
-			}
-			return
-		}
-		writeError(w, http.StatusNotFound, "no such endpoint: "+path)
-		return
+// routes returns the API's routes: each endpoint under its method (a GET
+// route answers HEAD too), every other method on its path 405 with Allow,
+// any other path 404, all as JSON.
+func (s *Server) routes(metricsH http.Handler) *http.ServeMux {
+	mux := http.NewServeMux()
+	for _, rt := range []struct {
+		method, path string
+		h            http.HandlerFunc
+	}{
+		{http.MethodPost, "/v1/allow", s.allow},
+		{http.MethodPost, "/v1/wait", s.wait},
+		{http.MethodPost, "/v1/acquire", s.acquire},
+		{http.MethodPost, "/v1/renew", s.renew},
+		{http.MethodPost, "/v1/release", s.release},
+		{http.MethodGet, "/v1/usage", s.usage},
+		{http.MethodGet, "/v1/peers", s.peers},
+		{http.MethodPost, "/v1/peers/{peer_id}/evict", s.evict},
+		{http.MethodGet, "/metrics", metricsH.ServeHTTP},
+		{http.MethodGet, "/healthz", s.health},
+	} {
+		mux.HandleFunc(rt.method+" "+rt.path, rt.h)
+		mux.HandleFunc(rt.path, methodNotAllowed(rt.method))
 	}
-	type route struct {
-		method string
-		h      func(http.ResponseWriter, *http.Request)
-	}
-	var rt route
-	switch path {
-	case "/v1/allow":
-		rt = route{http.MethodPost, s.allow}
-	case "/v1/wait":
-		rt = route{http.MethodPost, s.wait}
-	case "/v1/acquire":
-		rt = route{http.MethodPost, s.acquire}
-	case "/v1/renew":
-		rt = route{http.MethodPost, s.renew}
-	case "/v1/release":
-		rt = route{http.MethodPost, s.release}
-	case "/v1/usage":
-		rt = route{http.MethodGet, s.usage}
-	case "/v1/peers":
-		rt = route{http.MethodGet, s.peers}
-	case "/metrics":
-		rt = route{http.MethodGet, s.metricH.ServeHTTP}
-	case "/healthz":
-		rt = route{http.MethodGet, s.health}
-	default:
-		writeError(w, http.StatusNotFound, "no such endpoint: "+path)
-		return
-	}
-	if s.method(w, r, rt.method) {
-		rt.h(w, r)
-	}
+	mux.HandleFunc("/", notFound)
+	return mux
 }
 
-// method answers 405 unless r uses want (GET also admits HEAD).
-func (s *Server) method(w http.ResponseWriter, r *http.Request, want string) bool {
-	if r.Method == want || (want == http.MethodGet && r.Method == http.MethodHead) {
-		return true
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !clean(r.URL.Path) {
+		// ServeMux would redirect to the cleaned path; no endpoint lives
+		// at a path that needs cleaning.
+		notFound(w, r)
+		return
 	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// clean reports whether p is an absolute path with no empty, . or ..
+// element (a trailing slash aside): one that ServeMux does not redirect.
+func clean(p string) bool {
+	if p == "" || p[0] != '/' {
+		return false
+	}
+	for _, e := range strings.Split(strings.TrimSuffix(p[1:], "/"), "/") {
+		if e == "" || e == "." || e == ".." {
+			return p == "/"
+		}
+	}
+	return true
+}
+
+func notFound(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
+}
+
+// methodNotAllowed answers 405 naming want, the endpoint's method (GET
+// admits HEAD too).
+func methodNotAllowed(want string) http.HandlerFunc {
 	allow := want
 	if want == http.MethodGet {
 		allow = "GET, HEAD"
 	}
-	w.Header().Set("Allow", allow)
-	writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed; use %s", r.Method, want))
-	return false
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allow)
+		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed; use %s", r.Method, want))
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -167,122 +175,86 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, ErrorResponse{Error: msg})
 }
 
-// badRequest is a client's mistake: 400 (or Status) with a message naming
+// badRequest is a client's mistake found here: 400 with a message naming
 // the field.
-type badRequest struct {
-	status int
-	msg    string
-	owner  string
-}
+type badRequest struct{ msg string }
 
 func (e *badRequest) Error() string { return e.msg }
 
 func bad(format string, args ...any) error {
-	return &badRequest{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...)}
+	return &badRequest{msg: fmt.Sprintf(format, args...)}
 }
 
-// fail writes err: a badRequest as itself, a node or limiter error by its
-// sentinel, anything else as 500 (a fault of ours, logged). field names
-// the request's field for errors that do not.
-func (s *Server) fail(w http.ResponseWriter, prefix string, err error) {
+// fail writes err: a badRequest as itself; a node or limiter error by its
+// type, naming the request's field (and the check of an all-or-nothing
+// request), with the status its sentinel calls for; anything else as 500
+// (a fault of ours, logged).
+func (s *Server) fail(w http.ResponseWriter, err error) {
 	var br *badRequest
-	var owner *node.NotOwnerError
-	status, msg := http.StatusBadRequest, err.Error()
-	join := func(field string) string {
-		if prefix != "" {
-			return prefix + "." + field
-		}
-		return field
-	}
+	var notOwner *node.NotOwnerError
 	switch {
 	case errors.As(err, &br):
-		writeJSON(w, br.status, ErrorResponse{Error: br.msg, Owner: br.owner})
+		writeError(w, http.StatusBadRequest, br.msg)
 		return
-	case errors.As(err, &owner):
-		writeJSON(w, http.StatusNotFound, ErrorResponse{Error: fmt.Sprintf("lease_id: owned by peer %s; renew or release it there", owner.Owner), Owner: owner.Owner})
+	case errors.As(err, &notOwner):
+		writeJSON(w, http.StatusNotFound, ErrorResponse{Error: fmt.Sprintf("lease_id: owned by peer %s; renew or release it there", notOwner.Owner), Owner: notOwner.Owner})
 		return
-	case errors.Is(err, node.ErrUnknownRule):
-		status, msg = http.StatusNotFound, join("rule")+": "+trim(err)
-	case errors.Is(err, node.ErrBadLease):
-		msg = "lease_id: " + trim(err)
-	case errors.Is(err, node.ErrOwnerUnreachable):
-		writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: "lease_id: " + trim(err) + "; retry", Owner: leaseOwner(err)})
-		return
-	case errors.Is(err, node.ErrUnknownLease):
-		writeJSON(w, http.StatusNotFound, ErrorResponse{Error: "lease_id: " + trim(err), Owner: leaseOwner(err)})
-		return
-	case errors.Is(err, node.ErrUnknownPeer):
-		status, msg = http.StatusNotFound, "peer_id: "+trim(err)
-	case errors.Is(err, limiter.ErrUnknownClass):
-		msg = join("class") + ": " + trim(err)
-	case errors.Is(err, limiter.ErrUnknownType):
-		msg = join("type") + ": " + trim(err)
-	case errors.Is(err, limiter.ErrBadCost):
-		msg = join("cost") + ": " + trim(err)
-	case errors.Is(err, limiter.ErrBadKey):
-		msg = join("key") + ": " + trim(err)
-	case errors.Is(err, limiter.ErrWrongAlgorithm):
-		msg = join("rule") + ": " + trim(err)
-	case errors.Is(err, node.ErrBadOption):
-		msg = trim(err)
-	case errors.Is(err, node.ErrClosed):
-		status, msg = http.StatusServiceUnavailable, "the node is shutting down"
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		status, msg = http.StatusServiceUnavailable, "request cancelled: "+err.Error()
-	default:
-		s.log.Error("api", "err", err)
-		status, msg = http.StatusInternalServerError, "internal error"
 	}
-	writeError(w, status, msg)
-}
-
-// leaseOwner returns the owner's peer ID a lease error names, or "".
-func leaseOwner(err error) string {
-	var oe *node.OwnerError
-	if errors.As(err, &oe) {
-		return oe.Owner
-	}
-	return ""
-}
-
-// trim drops the package prefixes ("node: ", "limiter: ", "checks[1]: ")
-// from err's message.
-func trim(err error) string {
-	msg := err.Error()
-	for {
-		switch {
-		case strings.HasPrefix(msg, "node: "):
-			msg = msg[len("node: "):]
-		case strings.HasPrefix(msg, "limiter: "):
-			msg = msg[len("limiter: "):]
-		case strings.HasPrefix(msg, "checks["):
-			_, rest, ok := strings.Cut(msg, "]: ")
-			if !ok {
-				return msg
-			}
-			msg = rest
-		default:
-			return msg
+	field, msg, ok := requestError(err)
+	var ce *node.CheckError
+	if ok && errors.As(err, &ce) {
+		check := fmt.Sprintf("checks[%d]", ce.Index)
+		if field == "" {
+			field = check
+		} else {
+			field = check + "." + field
 		}
 	}
+	if field != "" {
+		msg = field + ": " + msg
+	}
+	oe := &node.OwnerError{}
+	errors.As(err, &oe)
+	switch {
+	case !ok && errors.Is(err, node.ErrClosed):
+		writeError(w, http.StatusServiceUnavailable, "the node is shutting down")
+	case !ok && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		writeError(w, http.StatusServiceUnavailable, "request cancelled: "+err.Error())
+	case !ok:
+		s.log.Error("api", "err", err)
+		writeError(w, http.StatusInternalServerError, "internal error")
+	case errors.Is(err, node.ErrOwnerUnreachable):
+		writeJSON(w, http.StatusServiceUnavailable, ErrorResponse{Error: msg + "; retry", Owner: oe.Owner})
+	case errors.Is(err, node.ErrUnknownLease):
+		writeJSON(w, http.StatusNotFound, ErrorResponse{Error: msg, Owner: oe.Owner})
+	case errors.Is(err, node.ErrUnknownRule), errors.Is(err, node.ErrUnknownPeer):
+		writeError(w, http.StatusNotFound, msg)
+	default:
+		writeError(w, http.StatusBadRequest, msg)
+	}
 }
 
-// checkIndex returns the index N of an AllowAll error's "checks[N]: "
-// prefix, or -1.
-func checkIndex(err error) int {
-	rest, ok := strings.CutPrefix(err.Error(), "checks[")
-	if !ok {
-		return -1
+// requestError returns the request's field a node or limiter error names
+// and what it says, with the owner of a lease another member owns; ok is
+// false for an error about no field of the request.
+func requestError(err error) (field, msg string, ok bool) {
+	var ne *node.RequestError
+	var le *limiter.RequestError
+	switch {
+	case errors.As(err, &ne):
+		field, msg = ne.Field, ne.Msg
+	case errors.As(err, &le):
+		field, msg = le.Field, le.Msg
+	case errors.Is(err, node.ErrUnknownLease): // the sentinel itself
+		field, msg = "lease_id", "unknown or expired lease"
+	default:
+		return "", "", false
 	}
-	num, _, ok := strings.Cut(rest, "]")
-	if !ok {
-		return -1
+	var oe *node.OwnerError
+	if errors.As(err, &oe) {
+		msg += fmt.Sprintf(" (owner %s)", oe.Owner)
 	}
-	i, err2 := strconv.Atoi(num)
-	if err2 != nil {
-		return -1
-	}
-	return i
+	return field, msg, true
 }
 
 // readObject reads r's body as one JSON object, numbers kept as
@@ -505,7 +477,7 @@ func toResponse(d node.Decision) AllowResponse {
 func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
 	obj, err := readObject(w, r)
 	if err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	if raw, multi := obj["checks"]; multi {
@@ -515,14 +487,14 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
 	f := newFields(obj, "")
 	c := readCheck(f)
 	if err := f.done(); err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	start := time.Now()
 	d, err := s.cfg.Node.Allow(r.Context(), c.rule, c.key, c.opts...)
 	s.metrics.latency.WithLabelValues("allow").Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	s.metrics.decided(c.rule, d)
@@ -535,20 +507,20 @@ const MaxChecks = 64
 func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, obj map[string]any, raw any) {
 	for k := range obj {
 		if k != "checks" {
-			s.fail(w, "", bad("%s: unknown field (a request is either one check or {\"checks\": [...]})", k))
+			s.fail(w, bad("%s: unknown field (a request is either one check or {\"checks\": [...]})", k))
 			return
 		}
 	}
 	list, ok := raw.([]any)
 	switch {
 	case !ok:
-		s.fail(w, "", bad("checks: must be an array of checks, got %s", jsonKind(raw)))
+		s.fail(w, bad("checks: must be an array of checks, got %s", jsonKind(raw)))
 		return
 	case len(list) == 0:
-		s.fail(w, "", bad("checks: must not be empty"))
+		s.fail(w, bad("checks: must not be empty"))
 		return
 	case len(list) > MaxChecks:
-		s.fail(w, "", bad("checks: %d checks, at most %d", len(list), MaxChecks))
+		s.fail(w, bad("checks: %d checks, at most %d", len(list), MaxChecks))
 		return
 	}
 	checks := make([]node.Check, len(list))
@@ -557,13 +529,13 @@ func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, obj map[string
 		prefix := fmt.Sprintf("checks[%d]", i)
 		o, ok := e.(map[string]any)
 		if !ok {
-			s.fail(w, "", bad("%s: must be an object, got %s", prefix, jsonKind(e)))
+			s.fail(w, bad("%s: must be an object, got %s", prefix, jsonKind(e)))
 			return
 		}
 		f := newFields(o, prefix)
 		c := readCheck(f)
 		if err := f.done(); err != nil {
-			s.fail(w, "", err)
+			s.fail(w, err)
 			return
 		}
 		checks[i], rules[i] = node.NewCheck(c.rule, c.key, c.opts...), c.rule
@@ -572,11 +544,7 @@ func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, obj map[string
 	allowed, ds, err := s.cfg.Node.AllowAll(r.Context(), checks...)
 	s.metrics.latency.WithLabelValues("allow").Observe(time.Since(start).Seconds())
 	if err != nil {
-		prefix := ""
-		if i := checkIndex(err); i >= 0 {
-			prefix = fmt.Sprintf("checks[%d]", i)
-		}
-		s.fail(w, prefix, err)
+		s.fail(w, err)
 		return
 	}
 	resp := MultiAllowResponse{Allowed: allowed, Results: make([]AllowResponse, len(ds))}
@@ -590,18 +558,18 @@ func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, obj map[string
 func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 	obj, err := readObject(w, r)
 	if err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	if _, multi := obj["checks"]; multi {
-		s.fail(w, "", bad("checks: /v1/wait takes one check; use /v1/allow for several"))
+		s.fail(w, bad("checks: /v1/wait takes one check; use /v1/allow for several"))
 		return
 	}
 	f := newFields(obj, "")
 	c := readCheck(f)
 	maxMs, hasMax := f.uint("max_wait_ms", uint64(s.cfg.MaxWait/time.Millisecond))
 	if err := f.done(); err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	maxWait := s.cfg.MaxWait
@@ -612,7 +580,7 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	d, err := s.cfg.Node.Wait(ctx, c.rule, c.key, append(c.opts, node.MaxWait(maxWait))...)
 	if err != nil && !(d.Limit > 0 && (errors.Is(err, context.DeadlineExceeded))) {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	s.metrics.decided(c.rule, d)
@@ -622,7 +590,7 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	obj, err := readObject(w, r)
 	if err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	f := newFields(obj, "")
@@ -633,7 +601,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	}
 	class := f.str("class", false)
 	if err := f.done(); err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	var opts []node.Option
@@ -644,7 +612,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	lease, d, err := s.cfg.Node.Acquire(r.Context(), rule, key, opts...)
 	s.metrics.latency.WithLabelValues("acquire").Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	s.metrics.decided(rule, d)
@@ -662,13 +630,13 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 func (s *Server) leaseID(w http.ResponseWriter, r *http.Request) (string, bool) {
 	obj, err := readObject(w, r)
 	if err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return "", false
 	}
 	f := newFields(obj, "")
 	id := f.str("lease_id", true)
 	if err := f.done(); err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return "", false
 	}
 	return id, true
@@ -681,7 +649,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 	}
 	ttl, err := s.cfg.Node.Renew(r.Context(), id)
 	if err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, RenewResponse{TTLMs: msCeil(ttl)})
@@ -693,7 +661,7 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.cfg.Node.Release(r.Context(), id); err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, struct{}{})
@@ -702,34 +670,34 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
-		s.fail(w, "", bad("query: malformed: %v", err))
+		s.fail(w, bad("query: malformed: %v", err))
 		return
 	}
 	for k, vs := range q {
 		if k != "rule" && k != "key" {
-			s.fail(w, "", bad("%s: unknown query parameter", k))
+			s.fail(w, bad("%s: unknown query parameter", k))
 			return
 		}
 		if len(vs) > 1 {
-			s.fail(w, "", bad("%s: given %d times", k, len(vs)))
+			s.fail(w, bad("%s: given %d times", k, len(vs)))
 			return
 		}
 	}
 	rule, key := q.Get("rule"), q.Get("key")
 	switch {
 	case rule == "":
-		s.fail(w, "", bad("rule: missing"))
+		s.fail(w, bad("rule: missing"))
 		return
 	case key == "":
-		s.fail(w, "", bad("key: missing"))
+		s.fail(w, bad("key: missing"))
 		return
 	case len(key) > MaxKeyBytes:
-		s.fail(w, "", bad("key: %d bytes, at most %d", len(key), MaxKeyBytes))
+		s.fail(w, bad("key: %d bytes, at most %d", len(key), MaxKeyBytes))
 		return
 	}
 	rep, err := s.cfg.Node.Usage(rule, key)
 	if err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	resp := UsageResponse{Rule: rep.Rule, Key: rep.Key, Window: rep.Window, WindowMs: rep.WindowMs, Total: rep.Total, Slots: make([]SlotJSON, 0, len(rep.Slots))}
@@ -739,9 +707,9 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// PeersJSON converts the node's member table for /v1/peers, with
+// peersJSON converts the node's member table for /v1/peers, with
 // addresses from t (nil: none).
-func PeersJSON(ps []node.PeerInfo, t Transport) PeersResponse {
+func peersJSON(ps []node.PeerInfo, t Transport) PeersResponse {
 	resp := PeersResponse{Peers: make([]PeerJSON, 0, len(ps))}
 	for _, p := range ps {
 		pj := PeerJSON{
@@ -763,24 +731,25 @@ func PeersJSON(ps []node.PeerInfo, t Transport) PeersResponse {
 
 func (s *Server) peers(w http.ResponseWriter, r *http.Request) {
 	if len(r.URL.RawQuery) > 0 {
-		s.fail(w, "", bad("query: /v1/peers takes no parameters"))
+		s.fail(w, bad("query: /v1/peers takes no parameters"))
 		return
 	}
 	ps := s.cfg.Node.Peers()
 	if ps == nil {
-		s.fail(w, "", node.ErrClosed)
+		s.fail(w, node.ErrClosed)
 		return
 	}
 	var t Transport
 	if s.cfg.Transport != nil {
 		t = s.cfg.Transport
 	}
-	writeJSON(w, http.StatusOK, PeersJSON(ps, t))
+	writeJSON(w, http.StatusOK, peersJSON(ps, t))
 }
 
-func (s *Server) evict(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Server) evict(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("peer_id")
 	if err := s.cfg.Node.Evict(id); err != nil {
-		s.fail(w, "", err)
+		s.fail(w, err)
 		return
 	}
 	s.log.Warn("member evicted by request", "member", id, "remote", r.RemoteAddr)

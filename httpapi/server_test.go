@@ -1,20 +1,19 @@
 package httpapi_test
 
 import (
-	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/internal/apitest"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
-	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
 )
 
@@ -26,29 +25,6 @@ func testRules() []limiter.Rule {
 		{Name: "big", Algorithm: limiter.FixedWindow, Limit: 1000, Window: time.Hour},
 		{Name: "conc", Algorithm: limiter.Concurrency, Limit: 1, LeaseTTL: time.Minute},
 	}
-}
-
-// startServer starts a node on an in-memory network of its own and an
-// API server over it.
-func startServer(t *testing.T, hub *memnet.Hub, peer string) (*node.Node, *httpapi.Server, *httptest.Server) {
-	t.Helper()
-	if hub == nil {
-		hub = memnet.NewHub()
-	}
-	cfg := node.DefaultConfig()
-	cfg.Peer, cfg.Rules, cfg.Transport, cfg.Seed = peer, testRules(), hub.Transport(peer), 7
-	n, err := node.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close() })
-	s, err := httpapi.New(httpapi.Config{Node: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
-	return n, s, ts
 }
 
 func do(t *testing.T, method, url, body string) (int, map[string]any) {
@@ -73,7 +49,7 @@ func do(t *testing.T, method, url, body string) (int, map[string]any) {
 }
 
 func TestBadInput(t *testing.T) {
-	_, _, ts := startServer(t, nil, "a")
+	ts := apitest.Start(t, nil, "a", testRules()).Server
 	long := strings.Repeat("k", 257)
 	huge := `{"rule":"api","key":"k","pad":"` + strings.Repeat("x", 70<<10) + `"}`
 	tests := []struct {
@@ -156,7 +132,8 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestAllowAndFriends(t *testing.T) {
-	n, _, ts := startServer(t, nil, "a")
+	m := apitest.Start(t, nil, "a", testRules())
+	n, ts := m.Node, m.Server
 	for i := range 5 {
 		status, out := do(t, "POST", ts.URL+"/v1/allow", `{"rule":"api","key":"k"}`)
 		if status != 200 || out["allowed"] != true || out["limit"].(float64) != 5 || out["remaining"].(float64) != float64(4-i) || out["reason"] != "admitted" {
@@ -257,14 +234,14 @@ func TestAllowAndFriends(t *testing.T) {
 
 func TestLeaseOwnedElsewhereAndEvict(t *testing.T) {
 	hub := memnet.NewHub()
-	_, _, tsA := startServer(t, hub, "a")
+	tsA := apitest.Start(t, hub, "a", testRules()).Server
 	// Acquire while a is alone: with b in the mesh, a limit of 1 over two
 	// members is a lottery.
 	status, out := do(t, "POST", tsA.URL+"/v1/acquire", `{"rule":"conc","key":"k"}`)
 	if status != 200 || out["allowed"] != true {
 		t.Fatalf("acquire: %d %v", status, out)
 	}
-	_, _, tsB := startServer(t, hub, "b")
+	tsB := apitest.Start(t, hub, "b", testRules()).Server
 	id := out["lease_id"].(string)
 	for _, path := range []string{"/v1/renew", "/v1/release"} {
 		status, out = do(t, "POST", tsB.URL+path, `{"lease_id":"`+id+`"}`)
@@ -273,17 +250,10 @@ func TestLeaseOwnedElsewhereAndEvict(t *testing.T) {
 		}
 	}
 	// b learns of a, then evicts it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, out = do(t, "GET", tsB.URL+"/v1/peers", "")
-		if len(out["peers"].([]any)) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("b never saw a: %v", out)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
+		_, out := do(t, "GET", tsB.URL+"/v1/peers", "")
+		return len(out["peers"].([]any)) == 2, fmt.Sprintf("b has not seen a: %v", out)
+	})
 	status, out = do(t, "POST", tsB.URL+"/v1/peers/a/evict", "")
 	if status != 200 || len(out) != 0 {
 		t.Fatalf("evict: %d %v", status, out)
@@ -291,10 +261,11 @@ func TestLeaseOwnedElsewhereAndEvict(t *testing.T) {
 }
 
 func TestMetricsLint(t *testing.T) {
-	_, s, ts := startServer(t, nil, "a")
+	m := apitest.Start(t, nil, "a", testRules())
+	s, ts := m.API, m.Server
 	do(t, "POST", ts.URL+"/v1/allow", `{"rule":"api","key":"k"}`)
 	s.ObserveReload("ok")
-	problems, err := testutil.GatherAndLint(s.Registry())
+	problems, err := promtest.GatherAndLint(s.Registry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,6 +291,62 @@ func TestMetricsLint(t *testing.T) {
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// TestRoutes: every endpoint under its method (GET admits HEAD), any
+// other method 405 with Allow, any other path (one ServeMux would
+// redirect included) 404, all answered in JSON.
+func TestRoutes(t *testing.T) {
+	ts := apitest.Start(t, nil, "a", testRules()).Server
+	tests := []struct {
+		method, path string
+		status       int
+		allow, body  string // body: exact, "" for HEAD
+	}{
+		{"GET", "/v1/allow", 405, "POST", `{"error":"method GET not allowed; use POST"}`},
+		{"HEAD", "/v1/allow", 405, "POST", ``},
+		{"OPTIONS", "/v1/wait", 405, "POST", `{"error":"method OPTIONS not allowed; use POST"}`},
+		{"GET", "/v1/acquire", 405, "POST", `{"error":"method GET not allowed; use POST"}`},
+		{"PUT", "/v1/renew", 405, "POST", `{"error":"method PUT not allowed; use POST"}`},
+		{"GET", "/v1/release", 405, "POST", `{"error":"method GET not allowed; use POST"}`},
+		{"POST", "/v1/usage?rule=api&key=k", 405, "GET, HEAD", `{"error":"method POST not allowed; use GET"}`},
+		{"POST", "/v1/peers", 405, "GET, HEAD", `{"error":"method POST not allowed; use GET"}`},
+		{"GET", "/v1/peers/QmNobody/evict", 405, "POST", `{"error":"method GET not allowed; use POST"}`},
+		{"DELETE", "/metrics", 405, "GET, HEAD", `{"error":"method DELETE not allowed; use GET"}`},
+		{"POST", "/healthz", 405, "GET, HEAD", `{"error":"method POST not allowed; use GET"}`},
+		{"GET", "/healthz", 200, "", `{"state":"ready"}`},
+		{"HEAD", "/healthz", 200, "", ``},
+		{"HEAD", "/v1/usage?rule=zz&key=k", 404, "", ``},
+		{"POST", "/v1/peers/QmNobody/evict", 404, "", `{"error":"peer_id: unknown peer \"QmNobody\""}`},
+		{"GET", "/v2/allow", 404, "", `{"error":"no such endpoint: /v2/allow"}`},
+		{"GET", "/", 404, "", `{"error":"no such endpoint: /"}`},
+		{"POST", "/v1/allow/", 404, "", `{"error":"no such endpoint: /v1/allow/"}`},
+		{"GET", "/v1/ALLOW", 404, "", `{"error":"no such endpoint: /v1/ALLOW"}`},
+		{"GET", "/v1//usage", 404, "", `{"error":"no such endpoint: /v1//usage"}`},
+		{"GET", "/v1/./usage?rule=api&key=k", 404, "", `{"error":"no such endpoint: /v1/./usage"}`},
+		{"POST", "/v1/peers//evict", 404, "", `{"error":"no such endpoint: /v1/peers//evict"}`},
+		{"POST", "/v1/peers/QmNobody/evict/x", 404, "", `{"error":"no such endpoint: /v1/peers/QmNobody/evict/x"}`},
+		{"POST", "/v1/peers/QmNobody", 404, "", `{"error":"no such endpoint: /v1/peers/QmNobody"}`},
+		{"GET", "/v1/peers/", 404, "", `{"error":"no such endpoint: /v1/peers/"}`},
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, tc := range tests {
+		req, err := http.NewRequest(tc.method, ts.URL+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow || strings.TrimSpace(string(body)) != tc.body ||
+			resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d Allow %q %s %q, want %d Allow %q application/json %q", tc.method, tc.path,
+				resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("Content-Type"), body, tc.status, tc.allow, tc.body)
 		}
 	}
 }

@@ -1,15 +1,20 @@
-// Package httpapi serves a node over HTTP: the JSON API of DESIGN.md
+// Package httpapi serves a node over HTTP: the JSON API of docs/http-api.md
 // (/v1/allow, /v1/wait, /v1/acquire, /v1/renew, /v1/release, /v1/usage,
 // /v1/peers, /v1/peers/{peer_id}/evict, /healthz) and Prometheus metrics on
 // /metrics, from its own registry.
 //
-// The exported request and response types below are the wire contract:
-// clients (ratemesh check, peers, bench, the middleware's remote mode)
-// encode and decode with them.
+// The exported types below are the wire contract: the server encodes its
+// answers with them, and clients (ratemesh check, peers, bench) encode
+// AllowRequest and decode the answers with them.
+//
+// Errors that package node and package limiter return are typed
+// (node.RequestError, node.CheckError, limiter.RequestError): the server
+// answers by their fields and sentinels, never by their text.
 package httpapi
 
-// AllowRequest is the body of POST /v1/allow (single form) and one element
-// of MultiAllowRequest.Checks. Cost, when set, is the request's cost in
+// AllowRequest is the body of POST /v1/allow (single form), one element of
+// its "checks" (all-or-nothing form), and the check of POST /v1/wait
+// (which adds "max_wait_ms"). Cost, when set, is the request's cost in
 // credits (0 is a peek); otherwise Type and Units price it by the rule's
 // cost table; neither means a cost of 1.
 type AllowRequest struct {
@@ -37,38 +42,19 @@ type AllowResponse struct {
 	Reason       string `json:"reason"`
 }
 
-// MultiAllowRequest is the all-or-nothing form of POST /v1/allow: admitted
-// only if every check passes, and nothing is consumed when any fails.
-type MultiAllowRequest struct {
-	Checks []AllowRequest `json:"checks"`
-}
-
-// MultiAllowResponse answers a MultiAllowRequest; Results come in the
-// order of the checks.
+// MultiAllowResponse answers the all-or-nothing form of POST /v1/allow
+// ({"checks": [...]}, admitted only if every check passes, nothing
+// consumed when any fails); Results come in the order of the checks.
 type MultiAllowResponse struct {
 	Allowed bool            `json:"allowed"`
 	Results []AllowResponse `json:"results"`
 }
 
-// WaitRequest is the body of POST /v1/wait: a single check plus the
-// longest the server may wait for it (absent: until the request's own
-// deadline). The answer is an AllowResponse.
-type WaitRequest struct {
-	AllowRequest
-	MaxWaitMs *int64 `json:"max_wait_ms,omitempty"`
-}
-
-// AcquireRequest is the body of POST /v1/acquire (concurrency rules).
-type AcquireRequest struct {
-	Rule  string `json:"rule"`
-	Key   string `json:"key"`
-	Class string `json:"class,omitempty"`
-}
-
-// AcquireResponse answers an AcquireRequest. LeaseID and TTLMs are set
-// when Allowed; a denial carries RetryAfterMs, the earliest moment a retry
-// could succeed as the node estimates it (at most the lease TTL, when a
-// lease must end first). Remaining and Reason are AllowResponse's.
+// AcquireResponse answers POST /v1/acquire ({"rule","key","class"?}).
+// LeaseID and TTLMs are set when Allowed; a denial carries RetryAfterMs,
+// the earliest moment a retry could succeed as the node estimates it (at
+// most the lease TTL, when a lease must end first). Remaining and Reason
+// are AllowResponse's.
 type AcquireResponse struct {
 	Allowed      bool   `json:"allowed"`
 	LeaseID      string `json:"lease_id"`
@@ -79,19 +65,10 @@ type AcquireResponse struct {
 	Reason       string `json:"reason"`
 }
 
-// RenewRequest is the body of POST /v1/renew.
-type RenewRequest struct {
-	LeaseID string `json:"lease_id"`
-}
-
-// RenewResponse answers a RenewRequest: the lease lives TTLMs from now.
+// RenewResponse answers POST /v1/renew ({"lease_id"}): the lease lives
+// TTLMs from now. POST /v1/release ({"lease_id"}) answers {}.
 type RenewResponse struct {
 	TTLMs int64 `json:"ttl_ms"`
-}
-
-// ReleaseRequest is the body of POST /v1/release; the answer is {}.
-type ReleaseRequest struct {
-	LeaseID string `json:"lease_id"`
 }
 
 // SlotJSON is one slot's counts in a UsageResponse.

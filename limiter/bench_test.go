@@ -27,7 +27,7 @@ func benchRule() Rule {
 
 func newBenchLimiter(b *testing.B) *Limiter {
 	b.Helper()
-	l, err := New(benchRule(), crdt.NewContainer(), self, 1)
+	l, err := New(benchRule(), crdt.NewContainer(), self)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func BenchmarkXTimeRateAllow(b *testing.B) {
 // bucket the benchmark never drains. Compare BenchmarkXTimeRateAllow.
 func BenchmarkAllowBucket(b *testing.B) {
 	r := Rule{Name: "api", Algorithm: TokenBucket, Limit: MaxBucket, Refill: MaxBucket, Interval: time.Second}
-	l, err := New(r, crdt.NewContainer(), self, 1)
+	l, err := New(r, crdt.NewContainer(), self)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -76,7 +76,7 @@ func TestBucketMatchesXTimeRate(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := bucketRule(tc.max, tc.refill, tc.interval)
-			l, _ := newLimiter(t, r, 1)
+			l, _ := newLimiter(t, r)
 			x := rate.NewLimiter(rate.Limit(float64(tc.refill)/tc.interval.Seconds()), int(tc.max))
 			admitted := 0
 			for i, a := range tc.arrivals {
@@ -105,7 +105,7 @@ func TestBucketMatchesXTimeRate(t *testing.T) {
 // sequence, and Earliest with x/time/rate's reservation delay.
 func TestBucketTokensMatchXTimeRate(t *testing.T) {
 	r := bucketRule(40, 3, 100*time.Millisecond)
-	l, _ := newLimiter(t, r, 1)
+	l, _ := newLimiter(t, r)
 	x := rate.NewLimiter(rate.Limit(30), 40)
 	start := time.UnixMilli(t0)
 	for i, a := range []arrival{{0, 30}, {10, 9}, {20, 5}, {90, 1}, {1000, 40}, {1003, 2}} {
@@ -136,7 +136,7 @@ func TestBucketTokensMatchXTimeRate(t *testing.T) {
 func TestBucketInitial(t *testing.T) {
 	r := bucketRule(10, 1, 100*time.Millisecond)
 	r.Initial, r.HasInitial = 2, true
-	l, _ := newLimiter(t, r, 1)
+	l, _ := newLimiter(t, r)
 	g := r.BucketEpochMs()
 	if g != 2000 {
 		t.Fatalf("epoch %d ms, want 2000 (twice 1 s to fill)", g)
@@ -173,7 +173,7 @@ func TestBucketMergedNeverExceedsOne(t *testing.T) {
 	for i := range members {
 		cs[i] = crdt.NewContainer()
 		var err error
-		if ls[i], err = New(r, cs[i], crdt.SlotID(i), 1); err != nil {
+		if ls[i], err = New(r, cs[i], crdt.SlotID(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -300,7 +300,7 @@ func TestBucketValidate(t *testing.T) {
 func TestBucketClasses(t *testing.T) {
 	r := bucketRule(10, 10, time.Second)
 	r.Classes = map[string]Class{"payer": {Multiplier: 5}}
-	l, _ := newLimiter(t, r, 1)
+	l, _ := newLimiter(t, r)
 	env := Env{NowMs: t0, Members: 1}
 	n := 0
 	for range 60 {
@@ -332,7 +332,7 @@ func TestBucketMergedBelowOneBucket(t *testing.T) {
 		ls := make([]*Limiter, members)
 		for i := range members {
 			cs[i] = crdt.NewContainer()
-			ls[i], _ = New(r, cs[i], crdt.SlotID(i), 1)
+			ls[i], _ = New(r, cs[i], crdt.SlotID(i))
 		}
 		ref := rate.NewLimiter(rate.Limit(60), 30)
 		rng := rand.New(rand.NewPCG(5, 6))
@@ -361,7 +361,7 @@ func TestBucketMergedBelowOneBucket(t *testing.T) {
 			for j := range members {
 				mergeInto(obs, cs[j])
 			}
-			ol, _ := New(r, obs, crdt.SlotID(members), 1)
+			ol, _ := New(r, obs, crdt.SlotID(members))
 			got, want := ol.Usage("k", now.UnixMilli()).Tokens, ref.TokensAt(now)
 			if got > want+1e-6 || complete && got < want-1e-6 {
 				t.Fatalf("complete %v, at %d ms: merged state holds %v credits, one bucket %v", complete, ms, got, want)

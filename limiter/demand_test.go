@@ -136,7 +136,7 @@ func TestLimiterDemandReadsAttempted(t *testing.T) {
 		{demandRule(t, SlidingWindow, 100, 0.05), true},
 		{suppressRule(t, SlidingWindow, 100), true},
 	} {
-		l, err := New(tt.rule, crdt.NewContainer(), self, 1)
+		l, err := New(tt.rule, crdt.NewContainer(), self)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +162,7 @@ func TestLimiterDemandReadsAttempted(t *testing.T) {
 func BenchmarkAllowDemand(b *testing.B) {
 	r := benchRule()
 	r.Share = Demand
-	l, err := New(r, crdt.NewContainer(), self, 1)
+	l, err := New(r, crdt.NewContainer(), self)
 	if err != nil {
 		b.Fatal(err)
 	}

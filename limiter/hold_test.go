@@ -23,7 +23,7 @@ func TestReasonNames(t *testing.T) {
 // TestRecordRetry: a held request counts one attempt per window however
 // often it is decided again, and its admission once.
 func TestRecordRetry(t *testing.T) {
-	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 100, Window: time.Second}, 1)
+	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 100, Window: time.Second})
 	ch, err := l.Resolve("k", Request{Cost: 3, HasCost: true})
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +78,7 @@ func TestLotteryWinners(t *testing.T) {
 			if alg == Concurrency {
 				r.Window = 0
 			}
-			l, _ := newLimiter(t, r, 0)
+			l, _ := newLimiter(t, r)
 			for key := range 50 {
 				k := "key" + string(rune('a'+key%26)) + string(rune('a'+key/26))
 				var ch Check
@@ -131,7 +131,7 @@ func TestLotteryWinners(t *testing.T) {
 			{"pace", Rule{Name: "r", Algorithm: FixedWindow, Limit: 2, Window: time.Second, Pace: true}, 0, 3},
 		}
 		for _, tt := range tests {
-			l, c := newLimiter(t, tt.rule, 0)
+			l, c := newLimiter(t, tt.rule)
 			if tt.used > 0 {
 				c.Rule("r").Ensure("k").EnsureWindow(1000, (t0+500)/1000).Raise(crdt.SlotID(1), tt.used, tt.used)
 			}

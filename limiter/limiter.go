@@ -1,7 +1,6 @@
 package limiter
 
 import (
-	"fmt"
 	"math"
 	"time"
 
@@ -22,7 +21,6 @@ type Limiter struct {
 	c        *crdt.Container
 	self     crdt.SlotID
 	windowMs int64
-	seed     uint64
 	hasExtra bool // overrides or classes: LimitFor needs lookups
 	demand   bool // mode suppress or share demand: decisions read attempted credits
 
@@ -38,11 +36,9 @@ type Limiter struct {
 }
 
 // New returns a limiter for rule over container c, writing as slot self.
-// seed is mixed into the per-key lottery draws for fractional shares: the
-// members of one mesh must pass the same seed (package node passes 0), so
-// that their draws form one stratified sample (see draw). The rule is
-// normalised and validated; the error names the rule and field.
-func New(rule Rule, c *crdt.Container, self crdt.SlotID, seed uint64) (*Limiter, error) {
+// The rule is normalised and validated; the error names the rule and
+// field.
+func New(rule Rule, c *crdt.Container, self crdt.SlotID) (*Limiter, error) {
 	if err := rule.Normalize(); err != nil {
 		return nil, err
 	}
@@ -52,7 +48,6 @@ func New(rule Rule, c *crdt.Container, self crdt.SlotID, seed uint64) (*Limiter,
 		c:        c,
 		self:     self,
 		windowMs: rule.WindowMs(),
-		seed:     seed,
 		hasExtra: len(rule.Overrides) > 0 || len(rule.Classes) > 0,
 		demand:   rule.Mode == Suppress || rule.Share == Demand,
 	}, nil
@@ -88,10 +83,10 @@ func (l *Limiter) Resolve(key string, req Request) (Check, error) {
 // than the rest of the resolution).
 func (l *Limiter) resolve(ch *Check, key string, req *Request) error {
 	if key == "" || len(key) > crdt.MaxKeyLen {
-		return fmt.Errorf("%w: key must be 1 to %d bytes, got %d", ErrBadKey, crdt.MaxKeyLen, len(key))
+		return requestErr("key", ErrBadKey, "bad key: key must be 1 to %d bytes, got %d", crdt.MaxKeyLen, len(key))
 	}
 	if l.rule.Algorithm == Concurrency {
-		return fmt.Errorf("%w: rule %q is a concurrency rule; acquire a lease", ErrWrongAlgorithm, l.rule.Name)
+		return requestErr("rule", ErrWrongAlgorithm, "wrong algorithm for this call: rule %q is a concurrency rule; acquire a lease", l.rule.Name)
 	}
 	var cost uint64 = 1
 	if req.HasCost && req.Type == "" && req.Cost <= MaxCost {
@@ -301,10 +296,10 @@ func (l *Limiter) Earliest(ch Check, env Env) time.Duration {
 // ResolveLease validates key and class for a concurrency rule.
 func (l *Limiter) ResolveLease(key, class string) (Check, error) {
 	if key == "" || len(key) > crdt.MaxKeyLen {
-		return Check{}, fmt.Errorf("%w: key must be 1 to %d bytes, got %d", ErrBadKey, crdt.MaxKeyLen, len(key))
+		return Check{}, requestErr("key", ErrBadKey, "bad key: key must be 1 to %d bytes, got %d", crdt.MaxKeyLen, len(key))
 	}
 	if l.rule.Algorithm != Concurrency {
-		return Check{}, fmt.Errorf("%w: rule %q is a %s rule; use allow", ErrWrongAlgorithm, l.rule.Name, l.rule.Algorithm)
+		return Check{}, requestErr("rule", ErrWrongAlgorithm, "wrong algorithm for this call: rule %q is a %s rule; use allow", l.rule.Name, l.rule.Algorithm)
 	}
 	limit, unlimited, err := l.rule.LimitFor(key, class)
 	if err != nil {
@@ -405,7 +400,7 @@ func unacked(own, acked uint64) uint64 {
 // containing env.NowMs (for a concurrency rule, which has no window: in
 // the lease epoch, see leaseEpochMs). The draws of one key and window are
 // one stratified sample over the members: a start U, hashed from the
-// seed, the key and the window alike at every member, plus the member's
+// key and the window alike at every member, plus the member's
 // Rank/Members, modulo 1. So the N members' draws are spaced exactly 1/N
 // apart, and when all of them hold the same fractional share f of a
 // request (the same view of the merged usage), the lottery admits ⌊N·f⌋
@@ -433,7 +428,7 @@ func (l *Limiter) drawStart(key string, env *Env) float64 {
 	if per <= 0 {
 		per = leaseEpochMs(env)
 	}
-	h := l.seed ^ uint64(floorDiv(env.NowMs, per))*0x9e3779b97f4a7c15
+	h := uint64(floorDiv(env.NowMs, per)) * 0x9e3779b97f4a7c15
 	for i := 0; i < len(key); i++ {
 		h ^= uint64(key[i])
 		h *= 1099511628211

@@ -20,10 +20,10 @@ const (
 )
 
 // newLimiter returns a limiter for r over a fresh container, writing as self.
-func newLimiter(t testing.TB, r Rule, seed uint64) (*Limiter, *crdt.Container) {
+func newLimiter(t testing.TB, r Rule) (*Limiter, *crdt.Container) {
 	t.Helper()
 	c := crdt.NewContainer()
-	l, err := New(r, c, self, seed)
+	l, err := New(r, c, self)
 	if err != nil {
 		t.Fatalf("New(%+v): %v", r, err)
 	}
@@ -61,10 +61,10 @@ func allow(t *testing.T, l *Limiter, key string, req Request, env Env) Decision 
 
 func TestNew(t *testing.T) {
 	c := crdt.NewContainer()
-	_, err := New(Rule{Name: "api", Algorithm: FixedWindow, Window: time.Second}, c, self, 1)
+	_, err := New(Rule{Name: "api", Algorithm: FixedWindow, Window: time.Second}, c, self)
 	wantRuleError(t, err, "api", "limit", ErrInvalidRule)
 
-	l, err := New(Rule{Name: "api", Algorithm: FixedWindow, Limit: 5, Window: time.Second}, c, self, 1)
+	l, err := New(Rule{Name: "api", Algorithm: FixedWindow, Limit: 5, Window: time.Second}, c, self)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestNew(t *testing.T) {
 }
 
 func TestAllowRecords(t *testing.T) {
-	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 3, Window: time.Second}, 1)
+	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 3, Window: time.Second})
 	env := Env{NowMs: t0 + 10, Members: 1}
 
 	var got []bool
@@ -134,7 +134,7 @@ func TestAllowRecords(t *testing.T) {
 // TestAllowReadsMergedUsage checks that another member's merged usage
 // counts against the key.
 func TestAllowReadsMergedUsage(t *testing.T) {
-	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second}, 1)
+	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second})
 	env := Env{NowMs: t0 + 10, Members: 1}
 	w := c.Rule("api").Ensure("k").EnsureWindow(1000, t0/1000)
 	w.Admitted.Raise(other, 8)
@@ -154,7 +154,7 @@ func TestAllowReadsMergedUsage(t *testing.T) {
 
 func TestAllowTypedCost(t *testing.T) {
 	l, c := newLimiter(t, Rule{Name: "api", Algorithm: SlidingWindow, Limit: 100, Window: time.Second,
-		Costs: map[string]Cost{"query": {Per: 10}, "publish": {Each: 30}}}, 1)
+		Costs: map[string]Cost{"query": {Per: 10}, "publish": {Each: 30}}})
 	env := Env{NowMs: t0 + 10, Members: 1}
 	allow(t, l, "k", Request{Type: "query", Units: 25}, env)  // 3
 	allow(t, l, "k", Request{Type: "publish", Units: 2}, env) // 60
@@ -177,7 +177,7 @@ func TestAllowTypedCost(t *testing.T) {
 
 func TestAllowPeekRecordsNothing(t *testing.T) {
 	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 2, Window: time.Second,
-		Costs: map[string]Cost{"query": {Per: 10}, "publish": {Each: 3}}}, 1)
+		Costs: map[string]Cost{"query": {Per: 10}, "publish": {Each: 3}}})
 	env := Env{NowMs: t0 + 10, Members: 1}
 	peek := Request{HasCost: true}
 	for i := 0; i < 3; i++ {
@@ -214,7 +214,7 @@ func TestAllowPeekRecordsNothing(t *testing.T) {
 }
 
 func TestAllowShadow(t *testing.T) {
-	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 2, Window: time.Second, Shadow: true}, 1)
+	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 2, Window: time.Second, Shadow: true})
 	env := Env{NowMs: t0 + 10, Members: 1}
 	var shadowed []bool
 	for i := 0; i < 4; i++ {
@@ -240,7 +240,7 @@ func TestAllowShadow(t *testing.T) {
 func TestAllowClassesAndOverrides(t *testing.T) {
 	l, _ := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second,
 		Classes:   map[string]Class{"payer": {Multiplier: 5}, "half": {Multiplier: 0.5}, "node": {Unlimited: true}},
-		Overrides: map[string]uint64{"acct:42": 50}}, 1)
+		Overrides: map[string]uint64{"acct:42": 50}})
 	env := Env{NowMs: t0 + 10, Members: 1}
 	tests := []struct {
 		key, class string
@@ -280,7 +280,7 @@ func TestAllowClassesAndOverrides(t *testing.T) {
 
 func TestAllowUnlimitedClass(t *testing.T) {
 	l, c := newLimiter(t, Rule{Name: "api", Algorithm: SlidingWindow, Limit: 2, Window: time.Second,
-		Classes: map[string]Class{"node": {Unlimited: true}}}, 1)
+		Classes: map[string]Class{"node": {Unlimited: true}}})
 	env := Env{NowMs: t0 + 10, Members: 3}
 	for i := 0; i < 5; i++ {
 		d := allow(t, l, "k", Request{Class: "node", Cost: 2, HasCost: true}, env)
@@ -311,7 +311,7 @@ func TestAllowUnlimitedClass(t *testing.T) {
 }
 
 func TestAllowMaxKeys(t *testing.T) {
-	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second, MaxKeys: 2}, 1)
+	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second, MaxKeys: 2})
 	env := Env{NowMs: t0 + 250, Members: 1}
 	for _, k := range []string{"a", "b"} {
 		if d := allow(t, l, k, Request{}, env); !d.Allowed {
@@ -348,9 +348,9 @@ func TestResolve(t *testing.T) {
 	win, _ := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second,
 		Costs:     map[string]Cost{"query": {Per: 10}},
 		Classes:   map[string]Class{"payer": {Multiplier: 2}, "node": {Unlimited: true}},
-		Overrides: map[string]uint64{"acct:42": 7}}, 1)
+		Overrides: map[string]uint64{"acct:42": 7}})
 	conc, _ := newLimiter(t, Rule{Name: "conn", Algorithm: Concurrency, Limit: 3,
-		Classes: map[string]Class{"payer": {Multiplier: 2}}}, 1)
+		Classes: map[string]Class{"payer": {Multiplier: 2}}})
 	key256 := strings.Repeat("k", 256)
 	key257 := strings.Repeat("k", 257)
 
@@ -430,7 +430,7 @@ func TestResolve(t *testing.T) {
 
 func TestLeases(t *testing.T) {
 	l, c := newLimiter(t, Rule{Name: "conn", Algorithm: Concurrency, Limit: 2,
-		Classes: map[string]Class{"node": {Unlimited: true}}}, 1)
+		Classes: map[string]Class{"node": {Unlimited: true}}})
 	all := func(crdt.SlotID) bool { return true }
 	onlySelf := func(id crdt.SlotID) bool { return id == self }
 	env := Env{NowMs: t0, Members: 1}
@@ -506,7 +506,7 @@ func TestLeases(t *testing.T) {
 
 // TestLeasesShare checks the projection for leases: N = 2, limit 4.
 func TestLeasesShare(t *testing.T) {
-	l, c := newLimiter(t, Rule{Name: "conn", Algorithm: Concurrency, Limit: 4}, 1)
+	l, c := newLimiter(t, Rule{Name: "conn", Algorithm: Concurrency, Limit: 4})
 	all := func(crdt.SlotID) bool { return true }
 	env := Env{NowMs: t0, Members: 2, AckDelay: 40 * time.Millisecond}
 	ch, _ := l.ResolveLease("k", "")
@@ -538,7 +538,7 @@ func TestLeasesShare(t *testing.T) {
 }
 
 func TestLeasesMaxKeys(t *testing.T) {
-	l, _ := newLimiter(t, Rule{Name: "conn", Algorithm: Concurrency, Limit: 2, MaxKeys: 1, LeaseTTL: 5 * time.Second}, 1)
+	l, _ := newLimiter(t, Rule{Name: "conn", Algorithm: Concurrency, Limit: 2, MaxKeys: 1, LeaseTTL: 5 * time.Second})
 	all := func(crdt.SlotID) bool { return true }
 	env := Env{NowMs: t0, Members: 1}
 	a, _ := l.ResolveLease("a", "")
@@ -557,7 +557,7 @@ func TestLeasesMaxKeys(t *testing.T) {
 }
 
 func TestUsage(t *testing.T) {
-	l, c := newLimiter(t, Rule{Name: "api", Algorithm: SlidingWindow, Limit: 100, Window: time.Second}, 1)
+	l, c := newLimiter(t, Rule{Name: "api", Algorithm: SlidingWindow, Limit: 100, Window: time.Second})
 	now := t0 + 300
 	env := Env{NowMs: now, Members: 1}
 	for i := 0; i < 5; i++ {
@@ -600,7 +600,7 @@ func TestUsage(t *testing.T) {
 }
 
 func TestSetSelf(t *testing.T) {
-	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second}, 1)
+	l, c := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second})
 	env := Env{NowMs: t0, Members: 1}
 	allow(t, l, "k", Request{}, env)
 	l.SetSelf(other)
@@ -613,7 +613,7 @@ func TestSetSelf(t *testing.T) {
 }
 
 func TestLimiterEarliest(t *testing.T) {
-	l, _ := newLimiter(t, Rule{Name: "api", Algorithm: SlidingWindow, Limit: 10, Window: time.Second}, 1)
+	l, _ := newLimiter(t, Rule{Name: "api", Algorithm: SlidingWindow, Limit: 10, Window: time.Second})
 	env := Env{NowMs: t0 + 250, Members: 1}
 	for i := 0; i < 10; i++ {
 		allow(t, l, "k", Request{}, env)
@@ -632,9 +632,8 @@ func TestLimiterEarliest(t *testing.T) {
 
 func TestDraw(t *testing.T) {
 	rule := Rule{Name: "api", Algorithm: SlidingWindow, Limit: 10, Window: time.Second}
-	a, _ := newLimiter(t, rule, 7)
-	b, _ := newLimiter(t, rule, 7)
-	x, _ := newLimiter(t, rule, 8)
+	a, _ := newLimiter(t, rule)
+	b, _ := newLimiter(t, rule)
 	at := func(ms int64, rank, n int) *Env { return &Env{NowMs: ms, Members: n, Rank: rank} }
 
 	d := a.draw("k", at(t0+1, 0, 1))
@@ -645,10 +644,7 @@ func TestDraw(t *testing.T) {
 		t.Errorf("draw not stable: %v then %v", d, got)
 	}
 	if got := b.draw("k", at(t0+999, 0, 1)); got != d {
-		t.Errorf("same seed, key, window and rank: %v, want %v", got, d)
-	}
-	if got := x.draw("k", at(t0+1, 0, 1)); got == d {
-		t.Errorf("another seed gives the same draw %v", d)
+		t.Errorf("another member, same key, window and rank: %v, want %v", got, d)
 	}
 	if got := a.draw("k", at(t0+1000, 0, 1)); got == d {
 		t.Errorf("the next window gives the same draw %v", d)
@@ -679,7 +675,7 @@ func TestDraw(t *testing.T) {
 	}
 	// A concurrency rule has no window: a new draw every millisecond,
 	// still stratified within it.
-	lc, _ := newLimiter(t, Rule{Name: "conns", Algorithm: Concurrency, Limit: 10, LeaseTTL: time.Minute}, 7)
+	lc, _ := newLimiter(t, Rule{Name: "conns", Algorithm: Concurrency, Limit: 10, LeaseTTL: time.Minute})
 	if v0, v1 := lc.draw("k", at(t0, 2, 5)), lc.draw("k", at(t0+1, 2, 5)); v0 == v1 {
 		t.Errorf("concurrency draw did not move with time: %v", v0)
 	}
@@ -712,30 +708,30 @@ func TestDraw(t *testing.T) {
 // TestLotteryUsesDraw checks that a fractional share admits exactly when
 // the member's draw for the key and window is below share/c, and that the
 // stratified draws admit exactly the room: 5 members with share 3/5 each
-// admit 3, whatever the start of the draws.
+// admit 3, whatever the start of the draws (a new one every window).
 func TestLotteryUsesDraw(t *testing.T) {
 	rule := Rule{Name: "api", Algorithm: FixedWindow, Limit: 3, Window: time.Second}
 	const members = 5
-	for seed := uint64(1); seed <= 200; seed++ {
+	for w := int64(0); w < 200; w++ {
 		admitted := 0
 		for rank := 0; rank < members; rank++ {
-			env := Env{NowMs: t0 + 5, Members: members, Rank: rank, AckDelay: 20 * time.Millisecond}
-			l, _ := newLimiter(t, rule, seed)
+			env := Env{NowMs: t0 + w*1000 + 5, Members: members, Rank: rank, AckDelay: 20 * time.Millisecond}
+			l, _ := newLimiter(t, rule)
 			want := l.draw("k", &env) < 0.6 // share 3/5
 			d := allow(t, l, "k", Request{}, env)
 			if d.Allowed != want {
-				t.Fatalf("seed %d rank %d: allowed %v, draw %v, want %v", seed, rank, d.Allowed, l.draw("k", &env), want)
+				t.Fatalf("window %d rank %d: allowed %v, draw %v, want %v", w, rank, d.Allowed, l.draw("k", &env), want)
 			}
 			if d.Allowed {
 				admitted++
 				// u = 1 now: share 0.6 − 1 < 0 until acknowledged.
 				if d2 := allow(t, l, "k", Request{}, env); d2.Allowed || d2.Reason != ReasonShare {
-					t.Errorf("seed %d rank %d: second request %+v, want denied by the share", seed, rank, d2)
+					t.Errorf("window %d rank %d: second request %+v, want denied by the share", w, rank, d2)
 				}
 			}
 		}
 		if admitted != 3 {
-			t.Errorf("seed %d: %d of %d members with share 0.6 admitted, want exactly 3", seed, admitted, members)
+			t.Errorf("window %d: %d of %d members with share 0.6 admitted, want exactly 3", w, admitted, members)
 		}
 	}
 }
@@ -748,7 +744,7 @@ func TestHermesAcrossMembers(t *testing.T) {
 	const members, windows = 96, 100
 	ls := make([]*Limiter, members)
 	for i := range ls {
-		ls[i], _ = newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second}, 1)
+		ls[i], _ = newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Window: time.Second})
 	}
 	winners := make(map[int]int) // rank → windows won
 	for w := int64(0); w < windows; w++ {
@@ -782,7 +778,7 @@ func TestAllowMatchesReference(t *testing.T) {
 			const seed = 5
 			rng := rand.New(rand.NewPCG(seed, 0))
 			l, c := newLimiter(t, Rule{Name: "api", Algorithm: alg, Limit: 40, Window: 100 * time.Millisecond,
-				Classes: map[string]Class{"x2": {Multiplier: 2}}}, seed)
+				Classes: map[string]Class{"x2": {Multiplier: 2}}})
 			keys := []string{"a", "b", "c"}
 			instants := []int64{t0, t0 + 1, t0 + 50, t0 + 99, t0 + 100, t0 + 150, t0 + 250, t0 - 1, t0 - 100,
 				-1, 0, -150, 1, math.MinInt64, math.MinInt64 + 99, math.MaxInt64, math.MaxInt64 - 50}
@@ -869,7 +865,7 @@ func TestUnlimitedNeverShadowed(t *testing.T) {
 	all := func(crdt.SlotID) bool { return true }
 	env := Env{NowMs: t0, Members: 1}
 	conc, _ := newLimiter(t, Rule{Name: "conn", Algorithm: Concurrency, Limit: 1, Shadow: true,
-		Classes: map[string]Class{"node": {Unlimited: true}}}, 1)
+		Classes: map[string]Class{"node": {Unlimited: true}}})
 	conc.RecordLease("k", 1)
 	conc.RecordLease("k", 1)
 	ch, _ := conc.ResolveLease("k", "node")
@@ -878,7 +874,7 @@ func TestUnlimitedNeverShadowed(t *testing.T) {
 		t.Errorf("unlimited lease on a full shadow rule: %+v, want %+v", d, want)
 	}
 	win, _ := newLimiter(t, Rule{Name: "api", Algorithm: FixedWindow, Limit: 1, Window: time.Second, Shadow: true,
-		Classes: map[string]Class{"node": {Unlimited: true}}}, 1)
+		Classes: map[string]Class{"node": {Unlimited: true}}})
 	allow(t, win, "k", Request{}, env)
 	allow(t, win, "k", Request{}, env)
 	want = Decision{Allowed: true, Limit: 1, ResetAfter: time.Second, Reason: ReasonUnlimited}
@@ -897,7 +893,7 @@ func TestLeaseLotteryStratified(t *testing.T) {
 	rule := Rule{Name: "conn", Algorithm: Concurrency, Limit: limit, LeaseTTL: time.Minute}
 	ls := make([]*Limiter, members)
 	for i := range ls {
-		ls[i], _ = newLimiter(t, rule, 0)
+		ls[i], _ = newLimiter(t, rule)
 	}
 	live := func(crdt.SlotID) bool { return true }
 	for k := range 200 {

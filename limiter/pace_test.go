@@ -244,7 +244,7 @@ func TestPacedPer50ms(t *testing.T) {
 	}
 	for _, pace := range []bool{true, false} {
 		t.Run(fmt.Sprintf("pace=%t", pace), func(t *testing.T) {
-			l, err := New(Rule{Name: "api", Algorithm: FixedWindow, Limit: limit, Window: time.Second, Pace: pace}, crdt.NewContainer(), self, 1)
+			l, err := New(Rule{Name: "api", Algorithm: FixedWindow, Limit: limit, Window: time.Second, Pace: pace}, crdt.NewContainer(), self)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -278,7 +278,7 @@ func TestPacedMembersShareThePace(t *testing.T) {
 	const limit, members = 1000, 4
 	ls := make([]*Limiter, members)
 	for i := range ls {
-		l, err := New(Rule{Name: "api", Algorithm: FixedWindow, Limit: limit, Window: time.Second, Pace: true}, crdt.NewContainer(), crdt.SlotID(i+1), uint64(i+1))
+		l, err := New(Rule{Name: "api", Algorithm: FixedWindow, Limit: limit, Window: time.Second, Pace: true}, crdt.NewContainer(), crdt.SlotID(i+1))
 		if err != nil {
 			t.Fatal(err)
 		}

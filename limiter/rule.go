@@ -63,7 +63,6 @@ const (
 // Sentinel errors; every error the package returns wraps one of them.
 var (
 	ErrInvalidRule    = errors.New("limiter: invalid rule")
-	ErrNotImplemented = errors.New("limiter: not implemented in this version")
 	ErrUnknownClass   = errors.New("limiter: unknown class")
 	ErrUnknownType    = errors.New("limiter: unknown request type")
 	ErrBadCost        = errors.New("limiter: bad cost")
@@ -76,7 +75,7 @@ type RuleError struct {
 	Rule  string
 	Field string
 	Msg   string
-	Err   error // ErrInvalidRule or ErrNotImplemented
+	Err   error // ErrInvalidRule
 }
 
 func (e *RuleError) Error() string {
@@ -85,6 +84,26 @@ func (e *RuleError) Error() string {
 
 // Unwrap returns the sentinel the error is an instance of.
 func (e *RuleError) Unwrap() error { return e.Err }
+
+// RequestError is a request a rule cannot decide: Field names the
+// request's field at fault as the HTTP API spells it (key, rule, cost,
+// type, class), Msg says what is wrong without the package prefix, and Err
+// is the sentinel the error is an instance of (ErrBadKey,
+// ErrWrongAlgorithm, ErrBadCost, ErrUnknownType, ErrUnknownClass).
+type RequestError struct {
+	Field string
+	Msg   string
+	Err   error
+}
+
+func (e *RequestError) Error() string { return "limiter: " + e.Msg }
+
+// Unwrap returns the sentinel the error is an instance of.
+func (e *RequestError) Unwrap() error { return e.Err }
+
+func requestErr(field string, sentinel error, format string, args ...any) *RequestError {
+	return &RequestError{Field: field, Msg: fmt.Sprintf(format, args...), Err: sentinel}
+}
 
 // Class scales a key's limit for one class of client: a multiplier, or
 // unlimited (always admitted, still counted).
@@ -463,7 +482,7 @@ func (r *Rule) LimitFor(key, class string) (limit uint64, unlimited bool, err er
 	}
 	c, ok := r.Classes[class]
 	if !ok {
-		return 0, false, fmt.Errorf("%w %q for rule %q", ErrUnknownClass, class, r.Name)
+		return 0, false, requestErr("class", ErrUnknownClass, "unknown class %q for rule %q", class, r.Name)
 	}
 	if c.Unlimited {
 		return limit, true, nil
@@ -489,10 +508,10 @@ type Request struct {
 func (r *Rule) CostOf(req Request) (uint64, error) {
 	switch {
 	case req.HasCost && req.Type != "":
-		return 0, fmt.Errorf("%w: cost and type are mutually exclusive", ErrBadCost)
+		return 0, requestErr("cost", ErrBadCost, "bad cost: cost and type are mutually exclusive")
 	case req.HasCost:
 		if req.Cost > MaxCost {
-			return 0, fmt.Errorf("%w: cost %d is over the maximum %d", ErrBadCost, req.Cost, MaxCost)
+			return 0, requestErr("cost", ErrBadCost, "bad cost: cost %d is over the maximum %d", req.Cost, MaxCost)
 		}
 		return req.Cost, nil
 	case req.Type == "":
@@ -500,12 +519,12 @@ func (r *Rule) CostOf(req Request) (uint64, error) {
 	}
 	c, ok := r.Costs[req.Type]
 	if !ok {
-		return 0, fmt.Errorf("%w %q for rule %q", ErrUnknownType, req.Type, r.Name)
+		return 0, requestErr("type", ErrUnknownType, "unknown request type %q for rule %q", req.Type, r.Name)
 	}
 	var cost uint64
 	if c.Each > 0 {
 		if req.Units > MaxCost/c.Each {
-			return 0, fmt.Errorf("%w: %d units of %q cost over the maximum %d", ErrBadCost, req.Units, req.Type, MaxCost)
+			return 0, requestErr("cost", ErrBadCost, "bad cost: %d units of %q cost over the maximum %d", req.Units, req.Type, MaxCost)
 		}
 		cost = req.Units * c.Each
 	} else {
@@ -514,7 +533,7 @@ func (r *Rule) CostOf(req Request) (uint64, error) {
 			cost++
 		}
 		if cost > MaxCost {
-			return 0, fmt.Errorf("%w: %d units of %q cost over the maximum %d", ErrBadCost, req.Units, req.Type, MaxCost)
+			return 0, requestErr("cost", ErrBadCost, "bad cost: %d units of %q cost over the maximum %d", req.Units, req.Type, MaxCost)
 		}
 	}
 	return cost, nil

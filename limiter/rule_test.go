@@ -219,7 +219,7 @@ func TestOneBadRuleNeverBreaksTheOthers(t *testing.T) {
 		if err != nil {
 			t.Errorf("rule %q: %v, want nil", r.Name, err)
 		}
-		if _, err := New(rules[i], crdt.NewContainer(), 0, 1); err != nil {
+		if _, err := New(rules[i], crdt.NewContainer(), 0); err != nil {
 			t.Errorf("New(%q): %v", r.Name, err)
 		}
 	}

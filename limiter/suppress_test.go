@@ -117,7 +117,7 @@ func TestLimiterSuppressSteady(t *testing.T) {
 	for _, mode := range []Mode{Reject, Suppress} {
 		t.Run(string(mode), func(t *testing.T) {
 			r := Rule{Name: "api", Algorithm: FixedWindow, Limit: 1000, Window: time.Second, Mode: mode}
-			l, err := New(r, crdt.NewContainer(), self, 7)
+			l, err := New(r, crdt.NewContainer(), self)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,7 +164,7 @@ func TestLimiterSuppressSteady(t *testing.T) {
 // is never suppressed — offered exactly its limit per window, all at once
 // at the window's start or spread out — and its accumulator is never made.
 func TestLimiterSuppressWellBehaved(t *testing.T) {
-	l, err := New(suppressRule(t, FixedWindow, 100), crdt.NewContainer(), self, 3)
+	l, err := New(suppressRule(t, FixedWindow, 100), crdt.NewContainer(), self)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func TestLimiterSuppressWellBehaved(t *testing.T) {
 // TestLimiterThinPruned: accumulators of keys no longer flooded are dropped
 // two windows on.
 func TestLimiterThinPruned(t *testing.T) {
-	l, err := New(suppressRule(t, FixedWindow, 10), crdt.NewContainer(), self, 3)
+	l, err := New(suppressRule(t, FixedWindow, 10), crdt.NewContainer(), self)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestLimiterThinPruned(t *testing.T) {
 func BenchmarkAllowSuppress(b *testing.B) {
 	r := benchRule()
 	r.Limit, r.Mode = 1000, Suppress
-	l, err := New(r, crdt.NewContainer(), self, 1)
+	l, err := New(r, crdt.NewContainer(), self)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 // rawPeer is a plain libp2p host with a gossipsub that has no validator:
@@ -51,13 +52,13 @@ func (r *rawPeer) connect(t *testing.T, m *Mesh) {
 	if err := r.h.Connect(ctx, peer.AddrInfo{ID: m.Host().ID(), Addrs: m.Host().Addrs()}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "raw peer sees the mesh subscribed", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		for _, p := range r.topic.ListPeers() {
 			if p == m.Host().ID() {
-				return true
+				return true, "raw peer sees the mesh subscribed"
 			}
 		}
-		return false
+		return false, "raw peer sees the mesh subscribed"
 	})
 }
 
@@ -98,7 +99,7 @@ func TestForgedGossipRejected(t *testing.T) {
 	raw := newRawPeer(t, a.Topic())
 	raw.connect(t, a)
 	// A forwards only to its topic mesh, which takes B in at a heartbeat.
-	eventually(t, 5*time.Second, "B in A's topic mesh", func() bool { return a.trace.inMesh(b.Host().ID()) })
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) { return a.trace.inMesh(b.Host().ID()), "B in A's topic mesh" })
 	rawID := raw.h.ID().String()
 
 	foreign := batch(rawID, 2, "forged-foreign", 1)
@@ -139,14 +140,14 @@ func TestForgedGossipRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	eventually(t, 5*time.Second, "every forged batch rejected and the honest ones delivered", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		st := a.Stats()
 		for _, c := range cases {
 			if st.RejectedGossip[c.reason] == 0 {
-				return false
+				return false, "every forged batch rejected and the honest ones delivered"
 			}
 		}
-		return ra.has(rawID, "honest-at-bound") && ra.has(rawID, "honest-unknown-rule")
+		return ra.has(rawID, "honest-at-bound") && ra.has(rawID, "honest-unknown-rule"), "every forged batch rejected and the honest ones delivered"
 	})
 	st := a.Stats()
 	for _, c := range cases {
@@ -155,7 +156,9 @@ func TestForgedGossipRejected(t *testing.T) {
 		}
 	}
 	// B hears the honest batches through A; the forged ones never.
-	eventually(t, 5*time.Second, "B hears the honest batch forwarded by A", func() bool { return rb.has(rawID, "honest-at-bound") })
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return rb.has(rawID, "honest-at-bound"), "B hears the honest batch forwarded by A"
+	})
 	for _, key := range []string{"forged-author", "forged-foreign", "forged-value", "forged-big"} {
 		if in, ok := ra.find(key); ok {
 			t.Errorf("A's handler was given %s from %s", key, in.Batch.From.Peer)
@@ -242,5 +245,7 @@ func TestForgedDirectRejected(t *testing.T) {
 	if _, err := s.Read(one[:]); err == nil || errors.Is(err, context.Canceled) {
 		t.Errorf("malformed frame: stream not reset (%v)", err)
 	}
-	eventually(t, 2*time.Second, "malformed direct batch counted", func() bool { return a.Stats().RejectedDirect[ReasonMalformed] == 1 })
+	testutil.Eventually(t, 2*time.Second, func() (bool, string) {
+		return a.Stats().RejectedDirect[ReasonMalformed] == 1, "malformed direct batch counted"
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
@@ -55,7 +56,7 @@ func fwdPair(t *testing.T) (a, b *Mesh, rec *fwdRecorder) {
 	acfg := testConfig(t)
 	acfg.Bootstrap = []string{tcpAddr(t, b)}
 	a, _ = startMesh(t, acfg)
-	eventually(t, 5*time.Second, "a connects to b", func() bool { return connected(a, b) })
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) { return connected(a, b), "a connects to b" })
 	return a, b, rec
 }
 

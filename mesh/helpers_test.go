@@ -86,18 +86,6 @@ func (r *recorder) connectedCount(p string) int {
 	return n
 }
 
-// eventually polls cond every 10 ms until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval, not a wait for the condition
-	}
-}
-
 func newKey(t testing.TB) crypto.PrivKey {
 	t.Helper()
 	k, _, err := crypto.GenerateEd25519Key(rand.Reader)

@@ -12,6 +12,7 @@ import (
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/node"
 )
 
@@ -111,7 +112,7 @@ func TestPropagationFigures(t *testing.T) {
 	// Warm up until both topic meshes have formed: some round's messages
 	// reached everyone.
 	round := 0
-	eventually(t, 10*time.Second, "topic meshes formed", func() bool {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		round++
 		for i, m := range ms {
 			key := fmt.Sprintf("warm-%d-%d", i, round)
@@ -130,9 +131,9 @@ func TestPropagationFigures(t *testing.T) {
 					continue rounds
 				}
 			}
-			return true
+			return true, "topic meshes formed"
 		}
-		return false
+		return false, "topic meshes formed"
 	})
 
 	// Both kinds go out in the same ticks, in alternating order, so they
@@ -172,10 +173,10 @@ func TestPropagationFigures(t *testing.T) {
 	}
 	wg.Wait()
 	want := n * perPeer * (n - 1)
-	eventually(t, 10*time.Second, "every message delivered", func() bool {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		a, _, _, _ := lat.summary()
 		b, _, _, _ := rawLat.summary()
-		return a >= want && b >= want
+		return a >= want && b >= want, "every message delivered"
 	})
 	var wireAfter uint64
 	for _, m := range ms {

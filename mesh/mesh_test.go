@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/node"
 )
 
@@ -31,8 +32,8 @@ func TestFiveMeshesExchange(t *testing.T) {
 	}
 	for i := 1; i < n; i++ {
 		a, b := i-1, i
-		eventually(t, 5*time.Second, fmt.Sprintf("PeerConnected between %d and %d", a, b), func() bool {
-			return rs[a].connectedCount(ms[b].PeerID()) == 1 && rs[b].connectedCount(ms[a].PeerID()) == 1
+		testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+			return rs[a].connectedCount(ms[b].PeerID()) == 1 && rs[b].connectedCount(ms[a].PeerID()) == 1, fmt.Sprintf("PeerConnected between %d and %d", a, b)
 		})
 	}
 	ctx := context.Background()
@@ -40,7 +41,7 @@ func TestFiveMeshesExchange(t *testing.T) {
 	// Warm-up: the chain forwards only once each topic mesh has formed
 	// (a heartbeat after connecting); until then anti-entropy covers.
 	seq := uint64(0)
-	eventually(t, 10*time.Second, "every member hears a probe from every other", func() bool {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		seq++
 		for i, m := range ms {
 			if err := m.Publish(ctx, batch(m.PeerID(), seq, fmt.Sprintf("probe-%d", i), 1)); err != nil {
@@ -50,11 +51,11 @@ func TestFiveMeshesExchange(t *testing.T) {
 		for i := range ms {
 			for j := range ms {
 				if i != j && !rs[i].has(ms[j].PeerID(), fmt.Sprintf("probe-%d", j)) {
-					return false
+					return false, "every member hears a probe from every other"
 				}
 			}
 		}
-		return true
+		return true, "every member hears a probe from every other"
 	})
 
 	// Once the mesh is formed, a single publish from each reaches all.
@@ -69,7 +70,9 @@ func TestFiveMeshesExchange(t *testing.T) {
 				continue
 			}
 			key := fmt.Sprintf("real-%d", j)
-			eventually(t, 3*time.Second, fmt.Sprintf("member %d receives %s", i, key), func() bool { return rs[i].has(ms[j].PeerID(), key) })
+			testutil.Eventually(t, 3*time.Second, func() (bool, string) {
+				return rs[i].has(ms[j].PeerID(), key), fmt.Sprintf("member %d receives %s", i, key)
+			})
 			in, _ := rs[i].find(key)
 			if in.Direct {
 				t.Errorf("gossip batch delivered as Direct")

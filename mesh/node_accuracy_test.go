@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
 )
@@ -24,7 +25,7 @@ func TestNodeJoinsMidWindow(t *testing.T) {
 		n     = 4
 	)
 	win := 20 * time.Second
-	clock := alignedClock(win, time.Second)
+	clock := testutil.AlignedClock(win, time.Second)
 	rules := []limiter.Rule{fixedRule("api", limit, win)}
 	ms := startMembers(t, n, spec{rules: rules, clock: clock})
 	ctx := context.Background()
@@ -54,7 +55,7 @@ func TestNodeJoinsMidWindow(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		if d := usageDiff(ms, "api", "k"); d != "" {
 			return false, d
 		}
@@ -88,7 +89,7 @@ func TestNodeJoinsMidWindow(t *testing.T) {
 		t.Fatalf("the window changed during the test (%d → %d)", window, w)
 	}
 	all := append(ms, late)
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		d := usageDiff(all, "api", "k")
 		return d == "", d
 	})

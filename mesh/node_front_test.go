@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
@@ -36,7 +37,7 @@ func (l latencies) quantile(q float64) time.Duration {
 // held for their share, all 900 are admitted, none slower than 250 ms.
 func TestFrontBurst(t *testing.T) {
 	win := 20 * time.Second
-	clock := alignedClock(win, time.Second)
+	clock := testutil.AlignedClock(win, time.Second)
 	ms := startMembers(t, 3, spec{rules: []limiter.Rule{fixedRule("api", 1000, win)}, clock: clock})
 	ctx := context.Background()
 	const n = 900
@@ -93,7 +94,7 @@ func TestFrontBurst(t *testing.T) {
 // request waits at most share_wait (200 ms) plus a scheduling slack.
 func TestFrontFlood(t *testing.T) {
 	win := time.Second
-	clock := alignedClock(win, 900*time.Millisecond)
+	clock := testutil.AlignedClock(win, 900*time.Millisecond)
 	ms := startMembers(t, 3, spec{rules: []limiter.Rule{fixedRule("api", 1000, win)}, clock: clock})
 	ctx := context.Background()
 	tl := newTally(win)
@@ -176,7 +177,7 @@ func TestFrontLeaseAtAnyMember(t *testing.T) {
 	if err != nil || l == nil {
 		t.Fatalf("Acquire: %+v, %v", d, err)
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		rep, _ := ms[2].n.Usage("conns", "k")
 		return rep.Total == 1, fmt.Sprintf("member 2 counts %d leases", rep.Total)
 	})
@@ -186,7 +187,7 @@ func TestFrontLeaseAtAnyMember(t *testing.T) {
 	if err := ms[2].n.Release(ctx, l.ID); err != nil {
 		t.Fatalf("Release at member 2: %v", err)
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		for i, m := range ms {
 			if rep, _ := m.n.Usage("conns", "k"); rep.Total != 0 {
 				return false, fmt.Sprintf("member %d counts %d leases", i, rep.Total)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
@@ -127,7 +128,7 @@ func startMembers(t testing.TB, count int, s spec) []member {
 // waitAlive waits until every member sees every other one alive.
 func waitAlive(t testing.TB, ms []member, d time.Duration) {
 	t.Helper()
-	eventually(t, d, func() (bool, string) {
+	testutil.Eventually(t, d, func() (bool, string) {
 		for i, a := range ms {
 			for j, b := range ms {
 				if s := stateOf(a.n, b.m.PeerID()); i != j && s != "alive" {
@@ -158,36 +159,6 @@ func stateOf(n *node.Node, peer string) string {
 		}
 	}
 	return "absent"
-}
-
-// eventually polls cond every 5 ms until it holds, or fails with cond's
-// last explanation after d.
-func eventually(t testing.TB, d time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, why)
-		}
-		<-tick.C
-	}
-}
-
-// alignedClock returns a clock that runs at real speed, shifted so that it
-// reads into past the start of a window of length w right now: every
-// member given it opens windows together, and a test knows where it
-// stands in a long window without waiting for a boundary.
-func alignedClock(w, into time.Duration) func() time.Time {
-	now := time.Now()
-	wn := w.Nanoseconds()
-	off := time.Duration(wn - now.UnixNano()%wn + into.Nanoseconds())
-	return func() time.Time { return time.Now().Add(off) }
 }
 
 // usageDiff compares what the members hold of (rule, key): the window,
@@ -222,10 +193,6 @@ type tally struct {
 
 func newTally(w time.Duration) *tally {
 	return &tally{winMs: w.Milliseconds(), admitted: map[int64]uint64{}, offered: map[int64]uint64{}}
-}
-
-func (t *tally) add(at time.Time, admitted bool) {
-	t.addWindow(at.UnixMilli()/t.winMs, admitted)
 }
 
 // addDecision records d, decided by a member after the clock read at (on

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
 )
@@ -18,7 +19,7 @@ import (
 // three slots (830), counts four members, and dials members 1 and 2 by
 // itself. Hammered at once, it admits no more than what is left.
 func TestNodesJoinThroughOneSeed(t *testing.T) {
-	clock := alignedClock(time.Hour, time.Minute)
+	clock := testutil.AlignedClock(time.Hour, time.Minute)
 	rules := []limiter.Rule{fixedRule("api", 1000, time.Hour)}
 	ms := startMembers(t, 3, spec{rules: rules, clock: clock})
 	spent := 0
@@ -29,7 +30,7 @@ func TestNodesJoinThroughOneSeed(t *testing.T) {
 		}
 		spent++
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		if d := usageDiff(ms, "api", "k"); d != "" {
 			return false, d
 		}
@@ -44,7 +45,7 @@ func TestNodesJoinThroughOneSeed(t *testing.T) {
 	if rep.Total != 830 || len(rep.Slots) != 3 {
 		t.Errorf("ready joiner holds %d in %d slots, want 830 in the three members' slots", rep.Total, len(rep.Slots))
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		peers := j.m.Peers()
 		for _, x := range ms {
 			if !slices.Contains(peers, x.m.PeerID()) {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
@@ -25,7 +26,7 @@ func TestNodeCloseLeaves(t *testing.T) {
 		if err := ms[2].n.Close(); err != nil {
 			t.Fatalf("round %d: close: %v", round, err)
 		}
-		eventually(t, 3*time.Second, func() (bool, string) {
+		testutil.Eventually(t, 3*time.Second, func() (bool, string) {
 			for i, x := range ms[:2] {
 				if s := stateOf(x.n, gone); s != "left" {
 					return false, fmt.Sprintf("round %d: member %d sees the closed member %s", round, i, s)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
@@ -138,7 +139,7 @@ func TestNodePropagationFigures(t *testing.T) {
 	round := 0
 	rtEventually := func(what string, cond func() bool) {
 		t.Helper()
-		eventually(t, 10*time.Second, what, cond)
+		testutil.Eventually(t, 10*time.Second, func() (bool, string) { return cond(), what })
 	}
 	rtEventually("topic meshes formed", func() bool {
 		round++

@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
@@ -62,7 +63,7 @@ func totalOf(t *testing.T, x member, key string) uint64 {
 // them. The same peer's honest batch of its own slot, published after
 // them, is merged — the forgeries did arrive and were refused.
 func TestNodesRejectForgedGossip(t *testing.T) {
-	clock := alignedClock(time.Hour, time.Minute)
+	clock := testutil.AlignedClock(time.Hour, time.Minute)
 	rules := []limiter.Rule{fixedRule("api", 1000, time.Hour)}
 	ms := startMembers(t, 3, spec{rules: rules, clock: clock})
 	a, victim := ms[0], ms[1]
@@ -89,12 +90,12 @@ func TestNodesRejectForgedGossip(t *testing.T) {
 	if err := h.Connect(ctx, peer.AddrInfo{ID: a.m.Host().ID(), Addrs: a.m.Host().Addrs()}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		return slices.Contains(topic.ListPeers(), a.m.Host().ID()), "the raw peer does not see member 0 on the topic"
 	})
 	// Gossipsub may not forward a message from a peer before it has
 	// grafted it (seen in probes): wait for the graft, as for any member.
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		return slices.Contains(a.m.MeshPeers(), h.ID().String()), "member 0 has not grafted the raw peer"
 	})
 	raw := crdt.Slot{Peer: h.ID().String(), Incarnation: uint64(clock().UnixMilli())}
@@ -113,7 +114,7 @@ func TestNodesRejectForgedGossip(t *testing.T) {
 	publish(entryBatch(victimSlot, clock, 1_000_000, "forged-author", 7))
 	publish(foreignEntry(raw, victimSlot, clock, 1, "forged-slot"))
 	publish(entryBatch(raw, clock, 2, "honest", 3))
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		return totalOf(t, a, "honest") == 3, "member 0 never merged the raw peer's honest batch"
 	})
 	st := a.m.Stats()
@@ -124,7 +125,7 @@ func TestNodesRejectForgedGossip(t *testing.T) {
 		t.Errorf("member 0 rejected %d batches for a foreign slot, want 1", got)
 	}
 	// The honest batch travels on to the others; the forged ones never.
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		for i, x := range ms {
 			if totalOf(t, x, "honest") != 3 {
 				return false, fmt.Sprintf("member %d has not merged the honest batch", i)
@@ -155,7 +156,7 @@ func TestNodesRejectForgedGossip(t *testing.T) {
 // merge is per-slot max, so it can only raise counts, within the
 // plausibility bound), and that is merged.
 func TestNodesRejectForgedSync(t *testing.T) {
-	clock := alignedClock(time.Hour, time.Minute)
+	clock := testutil.AlignedClock(time.Hour, time.Minute)
 	rules := []limiter.Rule{fixedRule("api", 1000, time.Hour)}
 	ms := startMembers(t, 2, spec{rules: rules, clock: clock})
 	a, victim := ms[0], ms[1]
@@ -197,7 +198,7 @@ func TestNodesRejectForgedSync(t *testing.T) {
 	if err := attacker.SendDirect(ctx, a.m.PeerID(), []*crdt.Batch{honest, relayed}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		return totalOf(t, a, "honest") == 3 && totalOf(t, a, "relayed") == 7, "the honest and relayed full states were not merged"
 	})
 	for _, key := range []string{"forged-author", "forged-slot"} {
@@ -238,7 +239,7 @@ func TestNodesPrivateNetwork(t *testing.T) {
 				t.Errorf("Start returned after %v, before the join timeout: it joined somebody", el)
 			}
 			// It keeps trying (bounded dials, backoff) and keeps failing.
-			eventually(t, 10*time.Second, func() (bool, string) {
+			testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 				st := out.m.Stats()
 				return st.DialFailures >= 4, fmt.Sprintf("%d failed dials so far", st.DialFailures)
 			})

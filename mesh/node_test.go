@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
@@ -22,7 +23,7 @@ func TestNodesConverge(t *testing.T) {
 		perNode = 60 // requests per key per member
 	)
 	// An hour's window, 1 min in: no boundary passes during the test.
-	clock := alignedClock(time.Hour, time.Minute)
+	clock := testutil.AlignedClock(time.Hour, time.Minute)
 	rules := []limiter.Rule{fixedRule("api", 10_000, time.Hour)}
 	ms := startMembers(t, n, spec{rules: rules, clock: clock})
 
@@ -59,7 +60,7 @@ func TestNodesConverge(t *testing.T) {
 	wg.Wait()
 	for k := range keys {
 		key := fmt.Sprintf("acct:%d", k)
-		eventually(t, 5*time.Second, func() (bool, string) {
+		testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 			if diff := usageDiff(ms, "api", key); diff != "" {
 				return false, diff
 			}
@@ -117,7 +118,7 @@ func TestNodesPartitionStrict(t *testing.T) {
 		perNode = 2 * limit // 10× the limit in all
 	)
 	win := time.Second
-	clock := alignedClock(time.Hour, time.Minute)
+	clock := testutil.AlignedClock(time.Hour, time.Minute)
 	rules := []limiter.Rule{fixedRule("api", limit, win), fixedRule("hour", 1_000_000, time.Hour)}
 	ms := startMembers(t, n, spec{rules: rules, clock: clock, core: shortMembership})
 	left, right := ms[:2], ms[2:]
@@ -170,7 +171,7 @@ func TestNodesPartitionStrict(t *testing.T) {
 		}()
 	}
 	// Each side sees the other suspect; the strict policy scales the limit.
-	eventually(t, 3*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 3*time.Second, func() (bool, string) {
 		for _, a := range left {
 			for _, b := range right {
 				if s := stateOf(a.n, b.m.PeerID()); s != "suspect" {
@@ -203,7 +204,7 @@ func TestNodesPartitionStrict(t *testing.T) {
 	if raceEnabled {
 		bound = 3 * time.Second // reconnecting (handshake, identify, anti-entropy) under the race detector
 	}
-	eventually(t, bound, func() (bool, string) {
+	testutil.Eventually(t, bound, func() (bool, string) {
 		if d := usageDiff(ms, "hour", "both-sides"); d != "" {
 			return false, "after the heal: " + d
 		}

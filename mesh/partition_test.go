@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 // TestBlockUnblock cuts two members apart with Block and heals them with
@@ -24,7 +25,7 @@ func TestBlockUnblock(t *testing.T) {
 	seq := uint64(0)
 	exchange := func(tag string) {
 		t.Helper()
-		eventually(t, 5*time.Second, "A and B exchange "+tag, func() bool {
+		testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 			seq++
 			if err := a.Publish(ctx, batch(a.PeerID(), seq, tag+"-a", 1)); err != nil {
 				t.Fatal(err)
@@ -32,12 +33,12 @@ func TestBlockUnblock(t *testing.T) {
 			if err := b.Publish(ctx, batch(b.PeerID(), seq, tag+"-b", 1)); err != nil {
 				t.Fatal(err)
 			}
-			return rb.has(a.PeerID(), tag+"-a") && ra.has(b.PeerID(), tag+"-b")
+			return rb.has(a.PeerID(), tag+"-a") && ra.has(b.PeerID(), tag+"-b"), "A and B exchange " + tag
 		})
 	}
 	exchange("before")
-	eventually(t, 2*time.Second, "PeerConnected on both sides", func() bool {
-		return ra.connectedCount(b.PeerID()) == 1 && rb.connectedCount(a.PeerID()) == 1
+	testutil.Eventually(t, 2*time.Second, func() (bool, string) {
+		return ra.connectedCount(b.PeerID()) == 1 && rb.connectedCount(a.PeerID()) == 1, "PeerConnected on both sides"
 	})
 
 	if got := a.Peers(); len(got) != 1 || got[0] != b.PeerID() {
@@ -49,11 +50,11 @@ func TestBlockUnblock(t *testing.T) {
 	if err := a.Block(b.PeerID()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "B disconnected", func() bool { return !connected(a, b) && !connected(b, a) })
-	eventually(t, 2*time.Second, "B gone from Peers()", func() bool { return len(a.Peers()) == 0 })
+	testutil.Eventually(t, 2*time.Second, func() (bool, string) { return !connected(a, b) && !connected(b, a), "B disconnected" })
+	testutil.Eventually(t, 2*time.Second, func() (bool, string) { return len(a.Peers()) == 0, "B gone from Peers()" })
 	refused := a.Stats().Refused
 	// B redials its bootstrap peer A with backoff; A's gater refuses.
-	eventually(t, 5*time.Second, "B's redials refused", func() bool { return a.Stats().Refused >= refused+3 })
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) { return a.Stats().Refused >= refused+3, "B's redials refused" })
 	if connected(a, b) {
 		t.Fatal("blocked peer reconnected")
 	}
@@ -73,8 +74,8 @@ func TestBlockUnblock(t *testing.T) {
 	if err := a.Unblock(b.PeerID()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "reconnected after Unblock, PeerConnected again on both sides", func() bool {
-		return ra.connectedCount(b.PeerID()) == 2 && rb.connectedCount(a.PeerID()) == 2
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return ra.connectedCount(b.PeerID()) == 2 && rb.connectedCount(a.PeerID()) == 2, "reconnected after Unblock, PeerConnected again on both sides"
 	})
 	exchange("after")
 
@@ -91,11 +92,11 @@ func TestRedialAfterDrop(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Bootstrap = []string{tcpAddr(t, a)}
 	b, _ := startMesh(t, cfg)
-	eventually(t, 2*time.Second, "first PeerConnected", func() bool { return ra.connectedCount(b.PeerID()) == 1 })
+	testutil.Eventually(t, 2*time.Second, func() (bool, string) { return ra.connectedCount(b.PeerID()) == 1, "first PeerConnected" })
 	if err := a.Host().Network().ClosePeer(b.Host().ID()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "B redials A", func() bool { return ra.connectedCount(b.PeerID()) == 2 && connected(a, b) })
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) { return ra.connectedCount(b.PeerID()) == 2 && connected(a, b), "B redials A" })
 }
 
 // TestPeerConnectedBeforeStart: a peer that connects while this member is
@@ -118,8 +119,8 @@ func TestPeerConnectedBeforeStart(t *testing.T) {
 	if err := a.Start(context.Background(), ra); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "both sides report the other once A starts", func() bool {
-		return ra.connectedCount(b.PeerID()) == 1 && rb.connectedCount(a.PeerID()) == 1
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return ra.connectedCount(b.PeerID()) == 1 && rb.connectedCount(a.PeerID()) == 1, "both sides report the other once A starts"
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 // writeSwarmKey writes a fresh swarm.key in the libp2p/IPFS format.
@@ -61,11 +62,11 @@ func TestPrivateNetwork(t *testing.T) {
 		t.Fatal("members with the same key did not connect")
 	}
 	ctx := context.Background()
-	eventually(t, 5*time.Second, "A hears B over the private network", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		if err := b.Publish(ctx, batch(b.PeerID(), 1, "private", 1)); err != nil {
 			t.Fatal(err)
 		}
-		return ra.has(b.PeerID(), "private")
+		return ra.has(b.PeerID(), "private"), "A hears B over the private network"
 	})
 
 	for _, tc := range []struct {

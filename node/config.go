@@ -83,7 +83,7 @@ type CoreConfig struct {
 	// the core randomises replays from its seed. It must not be shared
 	// with other goroutines. (The share lottery does not draw from it: its
 	// draws are stratified over the mesh from a hash every member computes
-	// alike, with limiter seed 0; see limiter.New.)
+	// alike from the key and the window; see limiter.Limiter.Decide.)
 	Rand *rand.Rand
 }
 

@@ -231,7 +231,7 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 	c.selfID = c.intern(c.self, nil)
 	rules := make([]limiter.Rule, len(cfg.Rules))
 	for i, r := range cfg.Rules {
-		l, err := limiter.New(r, c.c, c.selfID, 0) // one lottery seed mesh-wide: stratified draws
+		l, err := limiter.New(r, c.c, c.selfID) // draws stratified mesh-wide: see limiter.Limiter.draw
 		if err != nil {
 			return nil, err
 		}
@@ -331,7 +331,7 @@ func (c *Core) limiter(rule string) (*limiter.Limiter, error) {
 	}
 	l, ok := c.limiters[rule]
 	if !ok {
-		return nil, fmt.Errorf("%w %q", ErrUnknownRule, rule)
+		return nil, unknownRule(rule)
 	}
 	c.lastRule, c.lastLim = rule, l
 	return l, nil
@@ -426,6 +426,7 @@ type Check struct {
 	Rule    string
 	Key     string
 	Request limiter.Request
+	err     error // an option NewCheck refused; AllowAll reports it
 }
 
 // AllowAll decides several checks as one: it admits only if every check
@@ -443,10 +444,10 @@ func (c *Core) allowAll(now time.Time, checks []Check, counted []int64) (allowed
 	chs := make([]limiter.Check, len(checks))
 	for i, ck := range checks {
 		if ls[i], err = c.limiter(ck.Rule); err != nil {
-			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+			return false, nil, &CheckError{Index: i, Err: err}
 		}
 		if chs[i], err = ls[i].Resolve(ck.Key, ck.Request); err != nil {
-			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+			return false, nil, &CheckError{Index: i, Err: err}
 		}
 	}
 	env := c.env(now)
@@ -707,7 +708,7 @@ func (c *Core) Peers(now time.Time) []PeerInfo {
 func (c *Core) Evict(now time.Time, peer string) error {
 	m := c.members[peer]
 	if m == nil {
-		return fmt.Errorf("%w %q", ErrUnknownPeer, peer)
+		return unknownPeer(peer)
 	}
 	c.evict(now, m)
 	return nil

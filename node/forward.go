@@ -142,12 +142,12 @@ func (e *OwnerError) Unwrap() error { return e.Err }
 func ParseLeaseID(id string) (owner string, incarnation, seq uint64, err error) {
 	parts := strings.Split(id, "~")
 	if len(parts) != 3 || parts[0] == "" || len(parts[0]) > crdt.MaxPeerLen {
-		return "", 0, 0, fmt.Errorf("%w: %q: want <peer>~<incarnation>~<sequence>", ErrBadLease, id)
+		return "", 0, 0, badLease(id, nil, "want <peer>~<incarnation>~<sequence>")
 	}
 	inc, err1 := strconv.ParseUint(parts[1], 36, 64)
 	seq, err2 := strconv.ParseUint(parts[2], 36, 64)
 	if err1 != nil || err2 != nil || inc == 0 || seq == 0 {
-		return "", 0, 0, fmt.Errorf("%w: %q: incarnation and sequence must be positive base-36 numbers", ErrBadLease, id)
+		return "", 0, 0, badLease(id, nil, "incarnation and sequence must be positive base-36 numbers")
 	}
 	return parts[0], inc, seq, nil
 }
@@ -332,13 +332,13 @@ func (n *Node) leaseOwner(id string) (owner string, local bool, err error) {
 		return owner, true, nil
 	}
 	if err := n.fwd.CheckPeer(owner); err != nil {
-		return "", false, fmt.Errorf("%w: %q: owner: %w", ErrBadLease, id, err)
+		return "", false, badLease(id, err, "owner: %v", err)
 	}
 	n.mu.Lock()
 	live := n.core.IsLive(owner)
 	n.mu.Unlock()
 	if !live {
-		return owner, false, &OwnerError{Owner: owner, Err: fmt.Errorf("%w: its owner is not a live member", ErrUnknownLease)}
+		return owner, false, &OwnerError{Owner: owner, Err: leaseErr(ErrUnknownLease, nil, "unknown or expired lease: its owner is not a live member")}
 	}
 	return owner, false, nil
 }
@@ -350,7 +350,7 @@ func (n *Node) forwardLease(ctx context.Context, owner string, req *ForwardReque
 	defer cancel()
 	resp, err := n.forwardTo(ctx, owner, req)
 	if err != nil {
-		return nil, &OwnerError{Owner: owner, Err: fmt.Errorf("%w: %w", ErrOwnerUnreachable, err)}
+		return nil, &OwnerError{Owner: owner, Err: leaseErr(ErrOwnerUnreachable, err, "lease owner unreachable: %v", err)}
 	}
 	switch resp.Status {
 	case ForwardOK:
@@ -358,7 +358,7 @@ func (n *Node) forwardLease(ctx context.Context, owner string, req *ForwardReque
 	case ForwardUnknownLease, ForwardClosed:
 		return nil, &OwnerError{Owner: owner, Err: ErrUnknownLease}
 	case ForwardNotMember:
-		return nil, &OwnerError{Owner: owner, Err: fmt.Errorf("%w: %s", ErrOwnerUnreachable, resp.Msg)}
+		return nil, &OwnerError{Owner: owner, Err: leaseErr(ErrOwnerUnreachable, nil, "lease owner unreachable: %s", resp.Msg)}
 	}
 	return nil, fmt.Errorf("node: lease owner %s: %s", owner, resp.Msg)
 }

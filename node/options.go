@@ -2,7 +2,6 @@ package node
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/ratemesh/ratemesh/limiter"
@@ -15,8 +14,9 @@ type Decision = limiter.Decision
 // cost exceeds the key's limit.
 const Never = limiter.Never
 
-// ErrBadOption is returned for an option the call does not take, such as
-// MaxWait given to Allow or Cost given to Acquire.
+// ErrBadOption is wrapped by the *RequestError returned for an option the
+// call does not take, such as MaxWait given to Allow or Cost given to
+// Acquire.
 var ErrBadOption = errors.New("node: option does not apply")
 
 type optKind uint8
@@ -45,7 +45,7 @@ type Option struct {
 func Cost(n uint64) Option { return Option{kind: optCost, n: n} }
 
 // Type prices the request by the rule's cost table: units of request type
-// t (DESIGN.md's costs, {each: N} or {per: N}). It excludes Cost.
+// t (a rule's costs, {each: N} or {per: N}). It excludes Cost.
 func Type(t string, units uint64) Option { return Option{kind: optType, s: t, n: units} }
 
 // Class names the client's class, which scales the key's limit by the
@@ -73,7 +73,7 @@ func request(opts []Option, accept uint) (req limiter.Request, maxWait time.Dura
 			continue
 		}
 		if accept&(1<<o.kind) == 0 {
-			return req, maxWait, fmt.Errorf("%w: %s", ErrBadOption, optNames[o.kind])
+			return req, maxWait, badOption(o.kind)
 		}
 		switch o.kind {
 		case optCost:
@@ -90,28 +90,9 @@ func request(opts []Option, accept uint) (req limiter.Request, maxWait time.Dura
 }
 
 // NewCheck builds one check of an AllowAll from the options Allow takes.
-// An option Allow does not take (MaxWait) makes AllowAll fail with
-// ErrBadOption.
+// An option Allow does not take (MaxWait) makes AllowAll fail with a
+// *CheckError wrapping ErrBadOption.
 func NewCheck(rule, key string, opts ...Option) Check {
 	req, _, err := request(opts, acceptRequest)
-	if err != nil {
-		// Carried to AllowAll, which reports it. A class name starting
-		// with a NUL byte marks it; the limiter would refuse such a class
-		// as unknown anyway.
-		for _, o := range opts {
-			if o.kind != 0 && acceptRequest&(1<<o.kind) == 0 {
-				req = limiter.Request{Class: "\x00" + optNames[o.kind]}
-				break
-			}
-		}
-	}
-	return Check{Rule: rule, Key: key, Request: req}
-}
-
-// badCheck returns the option error NewCheck recorded in ck, if any.
-func badCheck(ck *Check) error {
-	if c := ck.Request.Class; len(c) > 0 && c[0] == 0 {
-		return fmt.Errorf("%w: %s", ErrBadOption, c[1:])
-	}
-	return nil
+	return Check{Rule: rule, Key: key, Request: req, err: err}
 }

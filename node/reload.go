@@ -32,7 +32,7 @@ func (c *Core) SetRules(rules []limiter.Rule) error {
 			next[r.Name], normalised[i] = old, *old.Rule()
 			continue
 		}
-		l, err := limiter.New(r, c.c, c.selfID, 0) // as in NewCore
+		l, err := limiter.New(r, c.c, c.selfID) // as in NewCore
 		if err != nil {
 			return err
 		}

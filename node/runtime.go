@@ -638,8 +638,8 @@ func (n *Node) AllowAll(ctx context.Context, checks ...Check) (allowed bool, ds 
 		return false, nil, err
 	}
 	for i := range checks {
-		if err := badCheck(&checks[i]); err != nil {
-			return false, nil, fmt.Errorf("checks[%d]: %w", i, err)
+		if err := checks[i].err; err != nil {
+			return false, nil, &CheckError{Index: i, Err: err}
 		}
 	}
 	n.mu.Lock()

@@ -115,7 +115,7 @@ func BenchmarkLimiterAllow(b *testing.B) {
 	slots := crdt.NewSlotTable()
 	self := slots.Intern(crdt.Slot{Peer: "self", Incarnation: 1})
 	other := slots.Intern(crdt.Slot{Peer: "other", Incarnation: 1})
-	l, err := limiter.New(limiter.Rule{Name: "api", Algorithm: limiter.SlidingWindow, Limit: benchLimit, Window: time.Second}, c, self, 1)
+	l, err := limiter.New(limiter.Rule{Name: "api", Algorithm: limiter.SlidingWindow, Limit: benchLimit, Window: time.Second}, c, self)
 	if err != nil {
 		b.Fatal(err)
 	}

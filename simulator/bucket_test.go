@@ -51,14 +51,14 @@ func TestBucketScenarioKeys(t *testing.T) {
 		t.Fatalf("parsed %+v", r)
 	}
 	bad := []struct{ rule, field string }{
-		{"{name: b, algorithm: token_bucket, limit: 10, max: 10, refill: 2, interval: 1s}", "rules[0].limit"},
-		{"{name: b, algorithm: token_bucket, refill: 2, interval: 1s}", "rules[0].max"},
-		{"{name: b, algorithm: token_bucket, max: 10, interval: 1s}", "rules[0].refill"},
-		{"{name: b, algorithm: token_bucket, max: 10, refill: 2}", "rules[0].interval"},
+		{"{name: b, algorithm: token_bucket, limit: 10, max: 10, refill: 2, interval: 1s}", `rules[0] "b": limit`},
+		{"{name: b, algorithm: token_bucket, refill: 2, interval: 1s}", `rules[0] "b": max`},
+		{"{name: b, algorithm: token_bucket, max: 10, interval: 1s}", `rules[0] "b": refill`},
+		{"{name: b, algorithm: token_bucket, max: 10, refill: 2}", `rules[0] "b": interval`},
 		{"{name: b, algorithm: token_bucket, max: 10, refill: 2, interval: 1s, initial: 11}", "initial"},
 		{"{name: b, algorithm: token_bucket, max: 10, refill: 2, interval: 1s, window: 1s}", "window"},
 		{"{name: b, algorithm: token_bucket, max: 10, refill: 2, interval: 1s, pace: true}", "pace"},
-		{"{name: b, algorithm: fixed_window, limit: 10, window: 1s, max: 10}", "rules[0].max"},
+		{"{name: b, algorithm: fixed_window, limit: 10, window: 1s, max: 10}", `rules[0] "b": max`},
 		{"{name: b, algorithm: fixed_window, limit: 10, window: 1s, refill: 10}", "refill"},
 		{"{name: b, algorithm: sliding_window, limit: 10, window: 1s, interval: 1s}", "interval"},
 	}

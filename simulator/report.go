@@ -214,10 +214,9 @@ func (r *Result) writeNodesCSV(w io.Writer) error {
 
 // plot is a hand-made SVG chart: deterministic text, no dependency.
 type plot struct {
-	b                 strings.Builder
-	x0, y0, w, h      float64 // the plot area
-	xmax, ymax        float64
-	panelTop, panelHt float64
+	b            strings.Builder
+	x0, y0, w, h float64 // the plot area
+	xmax, ymax   float64
 }
 
 const (

@@ -13,6 +13,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/ratemesh/ratemesh/config"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
@@ -20,17 +21,20 @@ import (
 // ErrScenario wraps every scenario parse and validation error.
 var ErrScenario = errors.New("simulator: invalid scenario")
 
-// Scenario is a parsed and validated scenario file (DESIGN.md, "Simulator
-// scenario"). Build one with Parse; the zero value is not runnable.
+// Scenario is a parsed and validated scenario file (docs/simulator.md,
+// "Scenarios"). Build one with Parse; the zero value is not runnable.
 type Scenario struct {
 	Name     string
 	Seed     uint64
 	Duration time.Duration
 	// Nodes is the number of nodes at the start.
-	Nodes     int
-	Network   Network
-	Mesh      node.CoreConfig // durations and policy; Peer, Incarnation, Rules, Rand unset
-	Rules     []limiter.Rule  // as written; the cores normalise them
+	Nodes   int
+	Network Network
+	Mesh    node.CoreConfig // durations and policy; Peer, Incarnation, Rules, Rand unset
+	Rules   []limiter.Rule  // normalised
+	// Warnings name rule settings that do not apply and are ignored
+	// (config.ParseRules).
+	Warnings  []string
 	Workloads []Workload
 	// Events are sorted by At (stable: file order within one instant).
 	Events []Event
@@ -147,8 +151,8 @@ type rawScenario struct {
 	Duration string        `yaml:"duration"`
 	Nodes    *int          `yaml:"nodes"`
 	Network  rawNetwork    `yaml:"network"`
-	Mesh     rawMesh       `yaml:"mesh"`
-	Rules    []rawRule     `yaml:"rules"`
+	Mesh     yaml.Node     `yaml:"mesh"`  // config.ParseMesh
+	Rules    yaml.Node     `yaml:"rules"` // config.ParseRules
 	Workload []rawWorkload `yaml:"workload"`
 	Events   []rawEvent    `yaml:"events"`
 	Churn    *rawChurn     `yaml:"churn"`
@@ -158,52 +162,6 @@ type rawNetwork struct {
 	Latency string   `yaml:"latency"`
 	Jitter  string   `yaml:"jitter"`
 	Loss    *float64 `yaml:"loss"`
-}
-
-type rawMesh struct {
-	SyncInterval    string `yaml:"sync_interval"`
-	Heartbeat       string `yaml:"heartbeat"`
-	RepairInterval  string `yaml:"repair_interval"`
-	SuspectAfter    string `yaml:"suspect_after"`
-	DeadAfter       string `yaml:"dead_after"`
-	EvictAfter      string `yaml:"evict_after"`
-	ReclaimAfter    string `yaml:"reclaim_after"`
-	PartitionPolicy string `yaml:"partition_policy"`
-	MaxSkew         string `yaml:"max_skew"`
-	JoinTimeout     string `yaml:"join_timeout"`
-	LocalClock      bool   `yaml:"local_clock"`
-}
-
-type rawCost struct {
-	Each int64 `yaml:"each"`
-	Per  int64 `yaml:"per"`
-}
-
-type rawOverride struct {
-	Key   string `yaml:"key"`
-	Limit int64  `yaml:"limit"`
-}
-
-type rawRule struct {
-	Name        string               `yaml:"name"`
-	Algorithm   string               `yaml:"algorithm"`
-	Limit       int64                `yaml:"limit"`
-	Window      string               `yaml:"window"`
-	Mode        string               `yaml:"mode"`
-	Share       string               `yaml:"share"`
-	DemandFloor *float64             `yaml:"demand_floor"`
-	Pace        bool                 `yaml:"pace"`
-	Classes     map[string]yaml.Node `yaml:"classes"`
-	Costs       map[string]rawCost   `yaml:"costs"`
-	Overrides   []rawOverride        `yaml:"overrides"`
-	MaxKeys     int                  `yaml:"max_keys"`
-	Shadow      bool                 `yaml:"shadow"`
-	LeaseTTL    string               `yaml:"lease_ttl"`
-	Max         *int64               `yaml:"max"`      // token_bucket
-	Refill      int64                `yaml:"refill"`   // token_bucket
-	Interval    string               `yaml:"interval"` // token_bucket
-	Initial     *int64               `yaml:"initial"`  // token_bucket
-	ShareWait   *string              `yaml:"share_wait"`
 }
 
 type rawWorkload struct {
@@ -261,7 +219,11 @@ func errf(field, format string, args ...any) error {
 var lineRE = regexp.MustCompile(`line (\d+)`)
 
 // Parse reads a scenario from YAML. Unknown fields and impossible values
-// are errors that name the field.
+// are errors that name the field. The mesh section and the rules are a
+// config file's, read by package config (config.ParseMesh,
+// config.ParseRules): the same schema and the same errors, naming the path
+// and the line (rules[0] "api": limit: line 5: …); the mesh section adds
+// join_timeout and local_clock.
 func Parse(data []byte) (*Scenario, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -279,10 +241,6 @@ func withLines(msg string, data []byte) string {
 	msg = strings.NewReplacer(
 		"in type simulator.rawScenario", "in a scenario",
 		"in type simulator.rawNetwork", "in network",
-		"in type simulator.rawMesh", "in mesh",
-		"in type simulator.rawRule", "in a rule",
-		"in type simulator.rawCost", "in a rule's costs",
-		"in type simulator.rawOverride", "in a rule's overrides",
 		"in type simulator.rawWorkload", "in a workload",
 		"in type simulator.rawEvent", "in an event",
 		"in type simulator.rawSkew", "in a skew event",
@@ -407,147 +365,58 @@ func (raw *rawScenario) buildNetwork(s *Scenario) error {
 	return nil
 }
 
+// buildMesh reads the mesh section as a config file's (config.ParseMesh),
+// over node's defaults, plus the simulator's own keys: join_timeout
+// (a config file's node.join_timeout) and local_clock
+// (node.CoreConfig.LocalClock). namespace does not apply: the simulator
+// runs one mesh.
 func (raw *rawScenario) buildMesh(s *Scenario) error {
 	cfg := node.DefaultCoreConfig()
-	m := raw.Mesh
-	durs := []struct {
-		field string
-		val   string
-		dst   *time.Duration
-	}{
-		{"mesh.sync_interval", m.SyncInterval, &cfg.SyncInterval},
-		{"mesh.heartbeat", m.Heartbeat, &cfg.Heartbeat},
-		{"mesh.repair_interval", m.RepairInterval, &cfg.RepairInterval},
-		{"mesh.suspect_after", m.SuspectAfter, &cfg.SuspectAfter},
-		{"mesh.dead_after", m.DeadAfter, &cfg.DeadAfter},
-		{"mesh.evict_after", m.EvictAfter, &cfg.EvictAfter},
-		{"mesh.reclaim_after", m.ReclaimAfter, &cfg.ReclaimAfter},
-		{"mesh.max_skew", m.MaxSkew, &cfg.MaxSkew},
-		{"mesh.join_timeout", m.JoinTimeout, &cfg.JoinTimeout},
+	if hasKey(&raw.Mesh, "namespace") {
+		return errf("mesh.namespace", "does not apply: the simulator runs one mesh")
 	}
-	for _, d := range durs {
-		v, err := parseDur(d.field, d.val, *d.dst, false)
-		if err != nil {
-			return err
-		}
-		*d.dst = v
+	m, err := config.ParseMesh(&raw.Mesh, config.Default().Mesh, map[string]config.Field{
+		"join_timeout": config.DurationField(&cfg.JoinTimeout),
+		"local_clock":  config.BoolField(&cfg.LocalClock),
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrScenario, err)
+	}
+	cfg = m.CoreConfig(cfg)
+	if cfg.JoinTimeout <= 0 {
+		return errf("mesh.join_timeout", "must be positive, got %v", cfg.JoinTimeout)
 	}
 	if cfg.SyncInterval%time.Millisecond != 0 {
 		return errf("mesh.sync_interval", "%v must be whole milliseconds", cfg.SyncInterval)
-	}
-	cfg.LocalClock = m.LocalClock
-	if m.PartitionPolicy != "" {
-		cfg.Policy = node.Policy(m.PartitionPolicy)
 	}
 	s.Mesh = cfg
 	return nil
 }
 
+// buildRules reads the rules as a config file's (config.ParseRules).
 func (raw *rawScenario) buildRules(s *Scenario) error {
-	if len(raw.Rules) == 0 {
+	if raw.Rules.Kind == 0 {
 		return errf("rules", "at least one rule is needed")
 	}
-	for i, rr := range raw.Rules {
-		field := fmt.Sprintf("rules[%d]", i)
-		r := limiter.Rule{
-			Name: rr.Name, Algorithm: limiter.Algorithm(rr.Algorithm),
-			Mode: limiter.Mode(rr.Mode), Share: limiter.Share(rr.Share),
-			Pace: rr.Pace, MaxKeys: rr.MaxKeys, Shadow: rr.Shadow,
-		}
-		if err := rr.bucket(field, &r); err != nil {
-			return err
-		}
-		if r.Algorithm == limiter.TokenBucket {
-			// bucket set the limit (max)
-		} else if rr.Limit < 1 {
-			return errf(field+".limit", "%d must be at least 1", rr.Limit)
-		} else {
-			r.Limit = uint64(rr.Limit)
-		}
-		var err error
-		if r.Window, err = parseDur(field+".window", rr.Window, 0, false); err != nil {
-			return err
-		}
-		if r.LeaseTTL, err = parseDur(field+".lease_ttl", rr.LeaseTTL, 0, false); err != nil {
-			return err
-		}
-		if rr.ShareWait != nil {
-			if r.ShareWait, err = parseDur(field+".share_wait", *rr.ShareWait, 0, true); err != nil {
-				return err
-			}
-			if r.ShareWait == 0 {
-				r.ShareWait = limiter.NoShareWait
-			}
-		}
-		if rr.DemandFloor != nil {
-			if *rr.DemandFloor <= 0 || *rr.DemandFloor > 1 {
-				return errf(field+".demand_floor", "%v must be within (0, 1]", *rr.DemandFloor)
-			}
-			r.DemandFloor = *rr.DemandFloor
-		}
-		if len(rr.Classes) > 0 {
-			r.Classes = make(map[string]limiter.Class, len(rr.Classes))
-			for _, name := range sortedKeys(rr.Classes) {
-				n := rr.Classes[name]
-				cf := field + ".classes." + name
-				if n.Kind != yaml.ScalarNode {
-					return errf(cf, "must be a multiplier or unlimited")
-				}
-				if n.Value == "unlimited" {
-					r.Classes[name] = limiter.Class{Unlimited: true}
-					continue
-				}
-				f, err := strconv.ParseFloat(n.Value, 64)
-				if err != nil || !(f > 0) || !finite(f) {
-					return errf(cf, "%q must be a positive multiplier or unlimited", n.Value)
-				}
-				r.Classes[name] = limiter.Class{Multiplier: f}
-			}
-		}
-		if len(rr.Costs) > 0 {
-			r.Costs = make(map[string]limiter.Cost, len(rr.Costs))
-			for name, c := range rr.Costs {
-				if c.Each < 0 || c.Per < 0 {
-					return errf(field+".costs."+name, "each and per must not be negative")
-				}
-				r.Costs[name] = limiter.Cost{Each: uint64(c.Each), Per: uint64(c.Per)}
-			}
-		}
-		if len(rr.Overrides) > 0 {
-			r.Overrides = make(map[string]uint64, len(rr.Overrides))
-			for j, o := range rr.Overrides {
-				of := fmt.Sprintf("%s.overrides[%d]", field, j)
-				if o.Key == "" {
-					return errf(of+".key", "must be set")
-				}
-				if o.Limit < 1 {
-					return errf(of+".limit", "%d must be at least 1", o.Limit)
-				}
-				if _, dup := r.Overrides[o.Key]; dup {
-					return errf(of+".key", "%q is overridden twice", o.Key)
-				}
-				r.Overrides[o.Key] = uint64(o.Limit)
-			}
-		}
-		// Normalise a copy: the error names the rule and the field.
-		probe := r
-		if err := probe.Normalize(); err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrScenario, field, err)
-		}
-		s.Rules = append(s.Rules, r)
+	rules, warnings, err := config.ParseRules(&raw.Rules)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrScenario, err)
 	}
-	// Validate the mesh settings and the rule set together with a probe core.
-	cfg := s.Mesh
-	cfg.Peer, cfg.Incarnation, cfg.Rules = "probe", 1, s.Rules
-	cfg.Rand = newRand(0, 0)
-	if _, err := node.NewCore(cfg, epoch); err != nil {
-		msg := strings.TrimPrefix(err.Error(), node.ErrInvalidConfig.Error()+": ")
-		if strings.HasPrefix(msg, "rule ") {
-			return fmt.Errorf("%w: rules: %s", ErrScenario, msg)
-		}
-		return fmt.Errorf("%w: mesh.%s", ErrScenario, msg)
+	if len(rules) == 0 {
+		return errf("rules", "at least one rule is needed")
 	}
+	s.Rules, s.Warnings = rules, warnings
 	return nil
+}
+
+// hasKey reports whether mapping m holds key.
+func hasKey(m *yaml.Node, key string) bool {
+	for k := 0; m.Kind == yaml.MappingNode && k+1 < len(m.Content); k += 2 {
+		if m.Content[k].Value == key {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Scenario) rule(name string) (*limiter.Rule, bool) {

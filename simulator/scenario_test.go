@@ -4,6 +4,10 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/node"
 )
 
 // designExample is DESIGN.md's scenario, verbatim.
@@ -96,20 +100,27 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"negative loss", base("network: {loss: -0.1}\n"), "network.loss"},
 		{"loss of one", base("network: {loss: 1}\n"), "network.loss"},
 		{"bad jitter", base("network: {jitter: fast}\n"), "network.jitter"},
-		{"zero limit", strings.Replace(base(""), "limit: 100", "limit: 0", 1), "rules[0].limit"},
+		{"zero limit", strings.Replace(base(""), "limit: 100", "limit: 0", 1), `rules[0] "api": limit`},
 		{"bad algorithm", strings.Replace(base(""), "fixed_window", "leaky_bucket", 1), "algorithm"},
 		{"bad mode", strings.Replace(base(""), "window: 1s}", "window: 1s, mode: drop}", 1), "mode"},
 		{"bad share", strings.Replace(base(""), "window: 1s}", "window: 1s, share: fair}", 1), "share"},
 		{"suppress on concurrency", strings.Replace(base(""), "fixed_window, limit: 100, window: 1s}", "concurrency, limit: 100, mode: suppress}", 1), "mode"},
 		{"pace on concurrency", strings.Replace(base(""), "fixed_window, limit: 100, window: 1s}", "concurrency, limit: 100, pace: true}", 1), "pace"},
 		{"bad class", strings.Replace(base(""), "window: 1s}", "window: 1s, classes: {gold: lots}}", 1), "classes.gold"},
-		{"bad share_wait", strings.Replace(base(""), "window: 1s}", "window: 1s, share_wait: soon}", 1), "rules[0].share_wait"},
-		{"negative share_wait", strings.Replace(base(""), "window: 1s}", "window: 1s, share_wait: -1ms}", 1), "rules[0].share_wait"},
+		{"bad share_wait", strings.Replace(base(""), "window: 1s}", "window: 1s, share_wait: soon}", 1), `rules[0] "api": share_wait`},
+		{"negative share_wait", strings.Replace(base(""), "window: 1s}", "window: 1s, share_wait: -1ms}", 1), `rules[0] "api": share_wait`},
 		{"share_wait over max", strings.Replace(base(""), "window: 1s}", "window: 1s, share_wait: 2s}", 1), "share_wait"},
 		{"bad policy", base("mesh: {partition_policy: lenient}\n"), "partition_policy"},
 		{"heartbeat below sync", base("mesh: {sync_interval: 1s, heartbeat: 500ms}\n"), "mesh.heartbeat"},
 		{"bad mesh duration", base("mesh: {dead_after: soon}\n"), "mesh.dead_after"},
 		{"unknown mesh field", base("mesh: {gossip_factor: 3}\n"), "gossip_factor"},
+		{"namespace", base("mesh: {namespace: edge}\n"), "mesh.namespace: does not apply"},
+		{"bad local_clock", base("mesh: {local_clock: maybe}\n"), `mesh.local_clock: line 8: must be true or false, got "maybe"`},
+		{"zero join_timeout", base("mesh: {join_timeout: 0s}\n"), "mesh.join_timeout: must be positive"},
+		{"mesh not a mapping", base("mesh: 5\n"), "mesh: line 8: must be a mapping"},
+		{"rules not a list", strings.Replace(base(""), "rules:\n  - {name: api, algorithm: fixed_window, limit: 100, window: 1s}", "rules: {name: api}", 1), "rules: line 4: must be a list of rules"},
+		{"empty rules", strings.Replace(base(""), "rules:\n  - {name: api, algorithm: fixed_window, limit: 100, window: 1s}", "rules: []", 1), "rules: at least one rule is needed"},
+		{"rule error names the line", strings.Replace(base(""), "limit: 100", "limit: lots", 1), `rules[0] "api": limit: line 5: must be a whole number`},
 		{"unknown rule in workload", strings.Replace(base(""), "{rule: api, rate: 10}", "{rule: web, rate: 10}", 1), "workload[0].rule"},
 		{"negative rate", strings.Replace(base(""), "rate: 10}", "rate: -1}", 1), "workload[0].rate"},
 		{"missing rate", strings.Replace(base(""), "rate: 10}", "keys: 3}", 1), "workload[0].rate"},
@@ -150,6 +161,44 @@ func TestParseErrorsNameTheField(t *testing.T) {
 				t.Errorf("error %q does not name %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestParseMeshAndRules: the mesh section and the rules are read as a
+// config file's (config.ParseMesh, config.ParseRules), with the
+// simulator's own mesh keys join_timeout and local_clock.
+func TestParseMeshAndRules(t *testing.T) {
+	sc, err := Parse([]byte(`name: x
+duration: 10s
+nodes: 3
+mesh: {sync_interval: 10ms, heartbeat: 100ms, suspect_after: 1s, reclaim_after: 3s, partition_policy: available, join_timeout: 2s, local_clock: true}
+rules:
+  - {name: api, algorithm: fixed_window, limit: 100, window: 1s, lease_ttl: 5s, classes: {gold: 2}}
+  - {name: conc, algorithm: concurrency, limit: 3}
+workload:
+  - {rule: api, rate: 10}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := sc.Mesh
+	if m.SyncInterval != 10*time.Millisecond || m.Heartbeat != 100*time.Millisecond || m.SuspectAfter != time.Second ||
+		m.ReclaimAfter != 3*time.Second || m.Policy != node.Available || m.JoinTimeout != 2*time.Second || !m.LocalClock {
+		t.Errorf("mesh %+v", m)
+	}
+	if def := node.DefaultCoreConfig(); m.DeadAfter != def.DeadAfter || m.MaxSkew != def.MaxSkew {
+		t.Errorf("unset mesh settings %+v, want the defaults", m)
+	}
+	// Rules come normalised; lease_ttl on a windowed rule is ignored, with
+	// a warning, as the daemon does.
+	if r := sc.Rules[0]; r.Mode != limiter.Reject || r.LeaseTTL != 0 || r.Classes["gold"].Multiplier != 2 {
+		t.Errorf("rule %+v", r)
+	}
+	if r := sc.Rules[1]; r.LeaseTTL != limiter.DefaultLeaseTTL {
+		t.Errorf("concurrency rule's lease_ttl %v, want the default", r.LeaseTTL)
+	}
+	if len(sc.Warnings) != 1 || !strings.Contains(sc.Warnings[0], `rules[0] "api": lease_ttl`) {
+		t.Errorf("warnings %q", sc.Warnings)
 	}
 }
 

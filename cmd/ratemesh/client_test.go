@@ -2,14 +2,13 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/internal/apitest"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
@@ -22,27 +21,6 @@ func clientRules() []limiter.Rule {
 			Costs:   map[string]limiter.Cost{"query": {Per: 10}}},
 		{Name: "fast", Algorithm: limiter.FixedWindow, Limit: 4, Window: time.Second},
 	}
-}
-
-// apiNode starts a real node as peer on hub and serves the real HTTP API
-// over it; it returns the node and the server's address as HOST:PORT.
-func apiNode(t *testing.T, hub *memnet.Hub, peer string, join bool) (*node.Node, string) {
-	t.Helper()
-	cfg := node.DefaultConfig()
-	cfg.Peer, cfg.Rules, cfg.Transport, cfg.Seed = peer, clientRules(), hub.Transport(peer), 3
-	cfg.Join = join
-	n, err := node.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close() })
-	s, err := httpapi.New(httpapi.Config{Node: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(s)
-	t.Cleanup(ts.Close)
-	return n, strings.TrimPrefix(ts.URL, "http://")
 }
 
 func runCLI(args ...string) (code int, stdout, stderr string) {
@@ -80,7 +58,7 @@ func TestAPIBase(t *testing.T) {
 }
 
 func TestCheck(t *testing.T) {
-	_, addr := apiNode(t, memnet.NewHub(), "a", false)
+	addr := apitest.Start(t, nil, "a", clientRules()).Addr()
 
 	code, out, errOut := runCLI("check", "--api", addr, "--rule", "api", "--key", "k1")
 	if code != 0 || !strings.HasPrefix(out, "allowed: limit 3, remaining 2") {
@@ -148,8 +126,9 @@ func TestCheck(t *testing.T) {
 
 func TestPeersAndEvict(t *testing.T) {
 	hub := memnet.NewHub()
-	a, addr := apiNode(t, hub, "a", false)
-	apiNode(t, hub, "b", true)
+	ma := apitest.Start(t, hub, "a", clientRules())
+	a, addr := ma.Node, ma.Addr()
+	apitest.Start(t, hub, "b", clientRules(), apitest.Join)
 	waitState(t, a, "b", node.Alive)
 
 	code, out, errOut := runCLI("peers", "--api", addr)
@@ -215,8 +194,8 @@ func waitState(t *testing.T, n *node.Node, peer string, want node.State) {
 
 func TestBench(t *testing.T) {
 	hub := memnet.NewHub()
-	a, addrA := apiNode(t, hub, "a", false)
-	b, addrB := apiNode(t, hub, "b", true)
+	ma, mb := apitest.Start(t, hub, "a", clientRules()), apitest.Start(t, hub, "b", clientRules(), apitest.Join)
+	a, addrA, b, addrB := ma.Node, ma.Addr(), mb.Node, mb.Addr()
 	// Until a has heard b it decides alone (N = 1): wait for the mesh.
 	waitState(t, a, "b", node.Alive)
 	waitState(t, b, "a", node.Alive)
@@ -237,7 +216,7 @@ func TestBench(t *testing.T) {
 	// Against a node alone the limit is exact: 5 keys offered far more
 	// than 4 a second each fill every full window to 4 and never more
 	// (on a loaded machine a key may fall short; the busiest never does).
-	_, addrS := apiNode(t, memnet.NewHub(), "s", false)
+	addrS := apitest.Start(t, nil, "s", clientRules()).Addr()
 	rep, errOut := benchJSON("--api", addrS, "--rule", "fast", "--keys", "5",
 		"--concurrency", "4", "--duration", "4200ms", "--baseline", "400ms", "--rounds", "2")
 	if rep.Healthz == nil || rep.Healthz.Requests == 0 || rep.Healthz.Errors != 0 || rep.Healthz.P50Ms <= 0 {

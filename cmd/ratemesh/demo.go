@@ -127,12 +127,7 @@ type demoCluster struct {
 func startDemoCluster(ctx context.Context, rule limiter.Rule, logs io.Writer) (*demoCluster, error) {
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c := &demoCluster{window: rule.Window}
-	plausible := func(name string) (uint64, bool) {
-		if name != rule.Name {
-			return 0, false
-		}
-		return rule.Limit * 4, true
-	}
+	plausible := mesh.PlausibleFor([]limiter.Rule{rule}, 0)
 	var first string
 	for i := range demoNodes {
 		key, _, err := crypto.GenerateEd25519Key(rand.Reader)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,9 +22,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ratemesh/ratemesh/envoy"
-	"github.com/ratemesh/ratemesh/httpapi"
-	"github.com/ratemesh/ratemesh/node"
-	"github.com/ratemesh/ratemesh/node/memnet"
+	"github.com/ratemesh/ratemesh/internal/apitest"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 func TestVersion(t *testing.T) {
@@ -182,7 +180,7 @@ func TestServeEnvoyThreeProcesses(t *testing.T) {
 		}
 	}
 	for i, p := range procs {
-		waitFor(t, 20*time.Second, fmt.Sprintf("node %d sees 3 alive members", i), func() (bool, string) {
+		testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 			st := p.states(t)
 			alive := 0
 			for _, s := range st {
@@ -190,7 +188,7 @@ func TestServeEnvoyThreeProcesses(t *testing.T) {
 					alive++
 				}
 			}
-			return alive == 3, fmt.Sprint(st)
+			return alive == 3, fmt.Sprintf("node %d sees 3 alive members: %v", i, st)
 		})
 	}
 
@@ -267,22 +265,24 @@ func TestServeEnvoyThreeProcesses(t *testing.T) {
 	if err := procs[0].cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the new domain applies", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		r, err := clients[0].ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "edge2", Descriptors: []*rlcommon.RateLimitDescriptor{
 			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "x"}}}}})
-		return err == nil && r.GetStatuses()[0].GetCurrentLimit() != nil, fmt.Sprint(r, err)
+		return err == nil && r.GetStatuses()[0].GetCurrentLimit() != nil, "the new domain applies: " + fmt.Sprint(r, err)
 	})
-	if l := grepLines(procs[0].stderr.String(), "apply only after a restart"); !strings.Contains(l, "mesh.evict_after") {
-		t.Errorf("the reload does not log mesh.evict_after as needing a restart: %q", l)
-	}
+	// stderr reaches the test through a pipe: poll for the line too.
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		l := grepLines(procs[0].stderr.String(), "apply only after a restart")
+		return strings.Contains(l, "mesh.evict_after"), fmt.Sprintf("the reload logs mesh.evict_after as needing a restart: %q", l)
+	})
 	write(t, desc, "domain: [\n")
 	write(t, cfgPath, "rules: [\n")
 	if err := procs[0].cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the failed reload is counted", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		m := metric(t, procs[0], `ratemesh_config_reloads_total{result="failed"}`)
-		return m == "1", m
+		return m == "1", "the failed reload is counted: " + m
 	})
 	if m := metric(t, procs[0], `ratemesh_config_reloads_total{result="ok"}`); m != "1" {
 		t.Errorf("ok reloads: %s", m)
@@ -386,19 +386,8 @@ func TestBenchGRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := node.DefaultConfig()
-	cfg.Peer, cfg.Rules, cfg.Transport = "solo", desc.Rules(), memnet.NewHub().Transport("solo")
-	n, err := node.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close() })
-	api, err := httpapi.New(httpapi.Config{Node: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(api)
-	t.Cleanup(ts.Close)
+	m := apitest.Start(t, nil, "solo", desc.Rules())
+	n, ts := m.Node, m.Server
 	srv, err := envoy.New(envoy.Config{Node: n, Descriptors: desc})
 	if err != nil {
 		t.Fatal(err)

@@ -120,6 +120,9 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ratemesh sim: %s: %v\n", *scenario, err)
 		return 1
 	}
+	for _, w := range sc.Warnings {
+		fmt.Fprintf(stderr, "ratemesh sim: %s: warning: %s\n", *scenario, w)
+	}
 	opt := simulator.Options{Progress: stderr, Workers: *workers}
 	fset.Visit(func(f *flag.Flag) {
 		if f.Name == "seed" {

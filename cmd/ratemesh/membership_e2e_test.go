@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 // cluster is a set of `ratemesh serve` processes sharing one binary, one
@@ -83,7 +84,7 @@ func (c *cluster) start(i int, listen, api string, extra ...string) *proc {
 func (c *cluster) waitAlive(ps []*proc, d time.Duration) {
 	c.t.Helper()
 	for i, p := range ps {
-		waitFor(c.t, d, fmt.Sprintf("node %d sees %d alive members", i, len(ps)), func() (bool, string) {
+		testutil.Eventually(c.t, d, func() (bool, string) {
 			st := p.states(c.t)
 			alive := 0
 			for _, q := range ps {
@@ -91,7 +92,7 @@ func (c *cluster) waitAlive(ps []*proc, d time.Duration) {
 					alive++
 				}
 			}
-			return alive == len(ps), fmt.Sprint(st)
+			return alive == len(ps), fmt.Sprintf("node %d sees %d alive members: %v", i, len(ps), st)
 		})
 	}
 }
@@ -129,18 +130,18 @@ func (p *proc) usage(rule, key string) (httpapi.UsageResponse, error) {
 func waitTotals(t *testing.T, ps []*proc, rule, key string, w int64, total uint64, d time.Duration, what string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	waitFor(t, d, what, func() (bool, string) {
+	testutil.Eventually(t, d, func() (bool, string) {
 		var got []string
 		ok := true
 		for _, p := range ps {
 			u, err := p.usage(rule, key)
 			if err != nil {
-				return false, err.Error()
+				return false, what + ": " + err.Error()
 			}
 			got = append(got, fmt.Sprintf("%d in window %d", u.Total, u.Window))
 			ok = ok && u.Window == w && u.Total == total
 		}
-		return ok, fmt.Sprintf("want %d in window %d; got %v", total, w, got)
+		return ok, fmt.Sprintf("%s: want %d in window %d; got %v", what, total, w, got)
 	})
 	return time.Since(start)
 }
@@ -170,12 +171,12 @@ func alignWindow(t *testing.T, p *proc, rule, key string, windowMs int64, need t
 		// margin for the mesh's clock offset), not for a condition.
 		time.Sleep(left + 50*time.Millisecond)
 	}
-	waitFor(t, time.Second, "the node's window", func() (bool, string) {
+	testutil.Eventually(t, time.Second, func() (bool, string) {
 		u, err := p.usage(rule, key)
 		if err != nil {
-			return false, err.Error()
+			return false, "the node's window: " + err.Error()
 		}
-		return u.Window == w, fmt.Sprintf("window %d, want %d", u.Window, w)
+		return u.Window == w, fmt.Sprintf("the node's window: window %d, want %d", u.Window, w)
 	})
 	return w
 }
@@ -506,10 +507,10 @@ func joinThroughOneSeed(t *testing.T, bin string) {
 	// (relayed through the one seed it dialled, or from the others
 	// directly) and its own.
 	var slotsAt time.Duration
-	waitFor(t, time.Second, "the joiner holds all 4 slots", func() (bool, string) {
+	testutil.Eventually(t, time.Second, func() (bool, string) {
 		u, err := joiner.usage(rule, key)
 		if err != nil {
-			return false, err.Error()
+			return false, "the joiner holds all 4 slots: " + err.Error()
 		}
 		have := map[string]bool{}
 		for _, s := range u.Slots {
@@ -517,11 +518,11 @@ func joinThroughOneSeed(t *testing.T, bin string) {
 		}
 		for _, p := range all {
 			if !have[p.ready.PeerID] {
-				return false, fmt.Sprintf("slots %+v", u.Slots)
+				return false, fmt.Sprintf("the joiner holds all 4 slots: slots %+v", u.Slots)
 			}
 		}
 		slotsAt = time.Since(ready)
-		return true, ""
+		return true, "the joiner holds all 4 slots"
 	})
 
 	// Hammer on for a while after ready: the joiner spends what is left.
@@ -609,9 +610,9 @@ func killRestartAgrees(t *testing.T, bin string) {
 	ready = time.Now()
 	agree = waitTotals(t, []*proc{n0c, n1, n2}, rule, key, w, 115, 3*time.Second, "the node restarted with no --bootstrap agrees within 3 s of ready")
 	// The join is logged on the tick after the ready line.
-	waitFor(t, 5*time.Second, "the join is logged", func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		log := n0c.stderr.String()
-		return strings.Contains(log, "msg=joined") || strings.Contains(log, "join timed out"), log
+		return strings.Contains(log, "msg=joined") || strings.Contains(log, "join timed out"), "the join is logged: " + log
 	})
 	if log := n0c.stderr.String(); strings.Contains(log, "join timed out") || !strings.Contains(log, "dialing the members known before the restart") {
 		t.Errorf("the node restarted with no --bootstrap did not join through its saved members:\n%s", log)
@@ -886,10 +887,10 @@ func frozenMemberUnderStrict(t *testing.T, bin string) {
 		t.Fatal(err)
 	}
 	thawed := time.Now()
-	waitFor(t, 10*time.Second, "the thawed node is ready again", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		var h httpapi.HealthResponse
 		status, err := ps[2].get("/healthz", &h)
-		return err == nil && status == http.StatusOK, fmt.Sprintf("%d %+v %v", status, h, err)
+		return err == nil && status == http.StatusOK, fmt.Sprintf("the thawed node is ready again: %d %+v %v", status, h, err)
 	})
 	rejoined := time.Since(thawed)
 	time.Sleep(2 * time.Second) // load after the rejoin
@@ -919,10 +920,10 @@ func frozenMemberUnderStrict(t *testing.T, bin string) {
 	}
 	// The majority keeps its incarnations and sees the thawed node alive
 	// again under a new one (it was reclaimed while frozen).
-	waitFor(t, 10*time.Second, "the majority sees the thawed node alive", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		var pr httpapi.PeersResponse
 		if status, err := ps[0].get("/v1/peers", &pr); err != nil || status != http.StatusOK {
-			return false, fmt.Sprintf("peers: %d %v", status, err)
+			return false, fmt.Sprintf("the majority sees the thawed node alive: peers: %d %v", status, err)
 		}
 		ok := true
 		for _, p := range pr.Peers {
@@ -933,6 +934,6 @@ func frozenMemberUnderStrict(t *testing.T, bin string) {
 				ok = ok && p.Incarnation > incs[p.PeerID] && p.State == "alive"
 			}
 		}
-		return ok, fmt.Sprintf("%+v; incarnations before %v", pr.Peers, incs)
+		return ok, fmt.Sprintf("the majority sees the thawed node alive: %+v; incarnations before %v", pr.Peers, incs)
 	})
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"os"
@@ -53,7 +52,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 func runServe(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("serve", flag.ContinueOnError)
 	setUsage(fset, stderr)
-	cfgPath := fset.String("config", "", "YAML config `file` (DESIGN.md); flags override it")
+	cfgPath := fset.String("config", "", "YAML config `file` (docs/operations.md); flags override it")
 	var listen, bootstrap multiFlag
 	fset.Var(&listen, "listen", "libp2p listen `multiaddr` (repeatable; default /ip4/127.0.0.1/tcp/4001)")
 	api := fset.String("api", "", "HTTP API `host:port` (default 127.0.0.1:8080; port 0 picks one)")
@@ -174,7 +173,7 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 	if err != nil {
 		return err
 	}
-	mcfg := cfg.MeshConfig(mesh.DefaultConfig())
+	mcfg := meshConfig(&cfg)
 	mcfg.PrivKey, mcfg.Logger = key, log
 	if cfg.Node.PSKFile != "" {
 		if mcfg.PSK, err = mesh.LoadPSK(cfg.Node.PSKFile); err != nil {
@@ -187,9 +186,8 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 		}
 	}
 	rules := append(append([]limiter.Rule(nil), cfg.Rules...), ex.desc.Rules()...)
-	var plaus plausibility
-	plaus.update(rules)
-	mcfg.Plausible = plaus.get
+	plaus := mesh.NewPlausibility(rules)
+	mcfg.Plausible = plaus.Bound
 	store, err := persistence.Open(cfg.Node.DataDir, persistence.WithLogger(log))
 	if err != nil {
 		return fmt.Errorf("node.data_dir: %w", err)
@@ -214,7 +212,7 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 	ncfg.Rules = rules
 	// The API serves during the join: /healthz answers 503 "joining" and
 	// decisions are denied with retry_after = the time left of
-	// join_timeout (DESIGN, Decision: joining).
+	// join_timeout (docs/design.md, "Joining and state transfer").
 	ncfg.StartJoining = true
 
 	// The API listens before the node has joined, so /healthz can say so.
@@ -317,7 +315,7 @@ loop:
 			serveErr = fmt.Errorf("http: %w", err)
 			break loop
 		case <-hup:
-			reloadAll(n, api, grpcFront, &plaus, cfgPath, ex, log)
+			reloadAll(n, api, grpcFront, plaus, cfgPath, ex, log)
 		}
 	}
 	stopWatch()
@@ -419,74 +417,17 @@ func (f *frontHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(httpapi.ErrorResponse{Error: "joining the mesh; retry shortly"})
 }
 
-// plausibility is the mesh validator's bound per rule, read concurrently
-// through an atomic pointer. Bounds only grow while the process runs, so
-// peers still on an older, larger version of a rule are never rejected.
-type plausibility struct {
-	mu     sync.Mutex
-	bounds atomic.Pointer[map[string]uint64]
-}
-
-// plausibleFactor is the safety factor over limit × largest multiplier:
-// peers' clocks and reloads may shift a window's admissions a little, not
-// 16-fold.
-const plausibleFactor = 16
-
-func (p *plausibility) update(rules []limiter.Rule) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	next := make(map[string]uint64, len(rules))
-	if old := p.bounds.Load(); old != nil {
-		for k, v := range *old {
-			next[k] = v
-		}
-	}
-	for _, r := range rules {
-		b, ok := plausibleBound(r)
-		if !ok {
-			next[r.Name] = 0 // unbounded
-			continue
-		}
-		if cur, seen := next[r.Name]; !seen || (cur != 0 && b > cur) {
-			next[r.Name] = b
-		}
-	}
-	p.bounds.Store(&next)
-}
-
-func (p *plausibility) get(rule string) (uint64, bool) {
-	m := p.bounds.Load()
-	if m == nil {
-		return 0, false
-	}
-	b, ok := (*m)[rule]
-	return b, ok && b > 0
-}
-
-// plausibleBound returns the most one slot can hold for r in one window:
-// the largest limit (overrides included) × the largest class multiplier ×
-// plausibleFactor. Shadow rules and rules with an unlimited class have no
-// bound.
-func plausibleBound(r limiter.Rule) (uint64, bool) {
-	if r.Shadow {
-		return 0, false
-	}
-	lim := float64(r.Limit)
-	for _, o := range r.Overrides {
-		lim = math.Max(lim, float64(o))
-	}
-	mult := 1.0
-	for _, c := range r.Classes {
-		if c.Unlimited {
-			return 0, false
-		}
-		mult = math.Max(mult, c.Multiplier)
-	}
-	b := math.Ceil(lim * mult * plausibleFactor)
-	if b >= math.MaxUint64/2 {
-		return 0, false
-	}
-	return uint64(b), true
+// meshConfig returns mesh's defaults with the file's transport settings:
+// the namespace, the listen addresses, the bootstrap multiaddrs (the dns:
+// entries are discovered separately: startDNS) and mDNS. The key, the PSK
+// (node.psk_file) and the plausibility bounds are the caller's.
+func meshConfig(cfg *config.Config) mesh.Config {
+	mcfg := mesh.DefaultConfig()
+	mcfg.Namespace = cfg.Mesh.Namespace
+	mcfg.Listen = append([]string(nil), cfg.Node.Listen...)
+	mcfg.Bootstrap = cfg.PeerBootstrap()
+	mcfg.MDNS = cfg.Node.MDNS
+	return mcfg
 }
 
 // routable reports whether a listen multiaddr is reachable from other

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"os"
 	"path/filepath"
 	"sync"
@@ -45,7 +46,7 @@ func TestServeFiveProcessesBucket(t *testing.T) {
 		procs = append(procs, startServe(t, bin, serveArgs(i, "--bootstrap", boot)...))
 	}
 	for i, p := range procs {
-		waitFor(t, 30*time.Second, fmt.Sprintf("node %d sees %d alive members", i, n), func() (bool, string) {
+		testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 			st := p.states(t)
 			alive := 0
 			for _, s := range st {
@@ -53,7 +54,7 @@ func TestServeFiveProcessesBucket(t *testing.T) {
 					alive++
 				}
 			}
-			return alive == n, fmt.Sprint(st)
+			return alive == n, fmt.Sprintf("node %d sees %d alive members: %v", i, n, st)
 		})
 	}
 	var mu sync.Mutex

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 // buildBinary builds ratemesh into a temporary directory.
@@ -152,22 +153,6 @@ func (p *proc) states(t *testing.T) map[string]string {
 	return out
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v; last: %s", what, d, state)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 const e2eLimit = 100
 
 const e2eConfig = `
@@ -260,7 +245,7 @@ func TestServeThreeProcessesGlobalLimit(t *testing.T) {
 	boot := procs[0].ready.Addrs[0]
 	procs = append(procs, startServe(t, bin, serveArgs(1, "--bootstrap", boot)...), startServe(t, bin, serveArgs(2, "--bootstrap", boot)...))
 	for i, p := range procs {
-		waitFor(t, 20*time.Second, fmt.Sprintf("node %d sees 3 alive members", i), func() (bool, string) {
+		testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 			st := p.states(t)
 			alive := 0
 			for _, s := range st {
@@ -268,7 +253,7 @@ func TestServeThreeProcessesGlobalLimit(t *testing.T) {
 					alive++
 				}
 			}
-			return alive == 3, fmt.Sprint(st)
+			return alive == 3, fmt.Sprintf("node %d sees 3 alive members: %v", i, st)
 		})
 		if status, _ := p.get("/healthz", nil); status != 200 {
 			t.Fatalf("node %d healthz %d", i, status)
@@ -353,9 +338,9 @@ func TestServeThreeProcessesGlobalLimit(t *testing.T) {
 		t.Fatalf("only %d windows checked after the kill", checked)
 	}
 	for i, p := range procs[:2] {
-		waitFor(t, 10*time.Second, fmt.Sprintf("node %d marks the killed node dead", i), func() (bool, string) {
+		testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 			st := p.states(t)
-			return st[procs[2].ready.PeerID] == "dead", fmt.Sprint(st)
+			return st[procs[2].ready.PeerID] == "dead", fmt.Sprintf("node %d marks the killed node dead: %v", i, st)
 		})
 	}
 
@@ -376,9 +361,9 @@ func TestServeThreeProcessesGlobalLimit(t *testing.T) {
 	// Close hands the leave to every connected peer directly as well as
 	// by gossip, so node 0 sees "left" at once, well before the silence
 	// alone could make node 1 suspect or dead.
-	waitFor(t, 2*time.Second, "node 0 sees node 1 left", func() (bool, string) {
+	testutil.Eventually(t, 2*time.Second, func() (bool, string) {
 		last := procs[0].states(t)[procs[1].ready.PeerID]
-		return last == "left", last
+		return last == "left", "node 0 sees node 1 left: " + last
 	})
 	var ar httpapi.AllowResponse
 	if status, err := procs[0].post("/v1/allow", `{"rule":"e2e","key":"k3"}`, &ar); err != nil || status != 200 || !ar.Allowed {
@@ -438,10 +423,10 @@ func TestServeReloadAndRefusals(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "reload applied", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		var ar httpapi.AllowResponse
 		status, err := p.post("/v1/allow", `{"rule":"a","key":"k","cost":0}`, &ar)
-		return status == 200 && err == nil && ar.Limit == 8, fmt.Sprintf("%d %v %+v", status, err, ar)
+		return status == 200 && err == nil && ar.Limit == 8, fmt.Sprintf("reload applied: %d %v %+v", status, err, ar)
 	})
 	var ar httpapi.AllowResponse
 	if status, err := p.post("/v1/allow", `{"rule":"a","key":"k","cost":0}`, &ar); err != nil || status != 200 || ar.Remaining != 5 {
@@ -463,9 +448,9 @@ func TestServeReloadAndRefusals(t *testing.T) {
 	if !strings.Contains(body.String(), `ratemesh_config_reloads_total{result="partial"} 1`) {
 		t.Errorf("metrics lack the partial reload:\n%s", grepLines(body.String(), "reloads"))
 	}
-	waitFor(t, 5*time.Second, "the reload error is logged", func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		s := p.stderr.String()
-		return strings.Contains(s, `rules[1] \"b\": limit: must be at least 1 (keeping the running version)`), s
+		return strings.Contains(s, `rules[1] \"b\": limit: must be at least 1 (keeping the running version)`), "the reload error is logged: " + s
 	})
 
 	// SIGTERM flushes to the data dir; a restart on it keeps a's hour

@@ -21,6 +21,7 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 // runServeToExit runs `ratemesh serve args...`, which must exit on its
@@ -405,10 +406,10 @@ func TestServeShutdownWithDataDirRemoved(t *testing.T) {
 					t.Fatal(err)
 				}
 				// The node runs on without its directory for a few flushes.
-				waitFor(t, 10*time.Second, "flushes fail", func() (bool, string) {
+				testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 					allow("after-removal")
 					n := metricValue(metrics(t, p), "ratemesh_persistence_errors_total")
-					return n >= 3, fmt.Sprintf("%v persistence errors", n)
+					return n >= 3, fmt.Sprintf("flushes fail: %v persistence errors", n)
 				})
 				sent = time.Now()
 				if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -419,9 +420,9 @@ func TestServeShutdownWithDataDirRemoved(t *testing.T) {
 				// the short rule's one credit is spent in a window with at
 				// least 8 s left, so the next is 8 to 20 s away.
 				var ar httpapi.AllowResponse
-				waitFor(t, 25*time.Second, "a short window with 8 s left", func() (bool, string) {
+				testutil.Eventually(t, 25*time.Second, func() (bool, string) {
 					status, err := p.post("/v1/allow", `{"rule":"short","key":"w","cost":0}`, &ar)
-					return err == nil && status == 200 && ar.ResetAfterMs >= 8000, fmt.Sprintf("%d %v %+v", status, err, ar)
+					return err == nil && status == 200 && ar.ResetAfterMs >= 8000, fmt.Sprintf("a short window with 8 s left: %d %v %+v", status, err, ar)
 				})
 				if status, err := p.post("/v1/allow", `{"rule":"short","key":"w"}`, &ar); err != nil || status != 200 || !ar.Allowed {
 					t.Fatalf("allow short: %d %v %+v", status, err, ar)
@@ -434,22 +435,22 @@ func TestServeShutdownWithDataDirRemoved(t *testing.T) {
 				}()
 				defer func() { <-waiting }()
 				// The waiting request's first denial counts as an attempt.
-				waitFor(t, 5*time.Second, "the wait is in flight", func() (bool, string) {
+				testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 					var u httpapi.UsageResponse
 					status, err := p.get("/v1/usage?rule=short&key=w", &u)
 					attempted := uint64(0)
 					for _, s := range u.Slots {
 						attempted += s.Attempted
 					}
-					return err == nil && status == 200 && attempted >= 2, fmt.Sprintf("%d %v %+v", status, err, u)
+					return err == nil && status == 200 && attempted >= 2, fmt.Sprintf("the wait is in flight: %d %v %+v", status, err, u)
 				})
 				allow("before-signal")
 				sent = time.Now()
 				if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 					t.Fatal(err)
 				}
-				waitFor(t, 5*time.Second, "the shutdown begins", func() (bool, string) {
-					return strings.Contains(p.stderr.String(), "signal received"), ""
+				testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+					return strings.Contains(p.stderr.String(), "signal received"), "the shutdown begins"
 				})
 				if err := os.RemoveAll(data); err != nil {
 					t.Fatal(err)

@@ -185,7 +185,7 @@ func startDNS(ctx context.Context, cfg *config.Config, m *mesh.Mesh, log *slog.L
 // whole. The result is counted: ok, partial, or failed when nothing could
 // be read (a config file that is not YAML, descriptors that fail, or no
 // file at all). Settings that only a restart applies are logged.
-func reloadAll(n *node.Node, api *httpapi.Server, front *envoyFront, plaus *plausibility, path string, ex *serveExtras, log *slog.Logger) {
+func reloadAll(n *node.Node, api *httpapi.Server, front *envoyFront, plaus *mesh.Plausibility, path string, ex *serveExtras, log *slog.Logger) {
 	var results []string
 	envoyRules := ex.desc.Rules()
 	rules := n.Rules()
@@ -235,7 +235,7 @@ func reloadAll(n *node.Node, api *httpapi.Server, front *envoyFront, plaus *plau
 		return
 	}
 	all := append(rules, envoyRules...)
-	plaus.update(all)
+	plaus.Update(all)
 	// The running descriptors may still name a rule the new ones drop:
 	// keep it until they are replaced.
 	kept := all

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 const frontConfig = `
@@ -43,7 +44,7 @@ func TestServeFrontDoor(t *testing.T) {
 	boot := procs[0].ready.Addrs[0]
 	procs = append(procs, startServe(t, bin, args(1, "--bootstrap", boot)...), startServe(t, bin, args(2, "--bootstrap", boot)...))
 	for i, p := range procs {
-		waitFor(t, 20*time.Second, fmt.Sprintf("node %d sees 3 alive members", i), func() (bool, string) {
+		testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 			st := p.states(t)
 			alive := 0
 			for _, s := range st {
@@ -51,7 +52,7 @@ func TestServeFrontDoor(t *testing.T) {
 					alive++
 				}
 			}
-			return alive == 3, fmt.Sprint(st)
+			return alive == 3, fmt.Sprintf("node %d sees 3 alive members: %v", i, st)
 		})
 		p.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	}
@@ -111,10 +112,10 @@ func TestServeFrontDoor(t *testing.T) {
 		t.Fatalf("release at node 2: %d %v %v; want 200 {}", status, err, empty)
 	}
 	for i, p := range procs {
-		waitFor(t, 5*time.Second, fmt.Sprintf("node %d frees the lease", i), func() (bool, string) {
+		testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 			var u httpapi.UsageResponse
 			status, err := p.get("/v1/usage?rule=pool&key=k", &u)
-			return err == nil && status == 200 && u.Total == 0, fmt.Sprintf("%d %v total %d", status, err, u.Total)
+			return err == nil && status == 200 && u.Total == 0, fmt.Sprintf("node %d frees the lease: %d %v total %d", i, status, err, u.Total)
 		})
 	}
 	var er httpapi.ErrorResponse

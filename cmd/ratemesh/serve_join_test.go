@@ -18,6 +18,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/ratemesh/ratemesh/httpapi"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 // TestServeJoiningDenies: a node with a bootstrap peer that never answers
@@ -79,38 +80,38 @@ func TestServeJoiningDenies(t *testing.T) {
 
 	client := &http.Client{Timeout: 5 * time.Second}
 	var health httpapi.HealthResponse
-	waitFor(t, joinTimeout, "the API answers while joining", func() (bool, string) {
+	testutil.Eventually(t, joinTimeout, func() (bool, string) {
 		resp, err := client.Get("http://" + api + "/healthz")
 		if err != nil {
-			return false, err.Error()
+			return false, "the API answers while joining: " + err.Error()
 		}
 		defer resp.Body.Close()
 		if err := json.NewDecoder(resp.Body).Decode(&health); err != nil {
-			return false, err.Error()
+			return false, "the API answers while joining: " + err.Error()
 		}
 		if resp.StatusCode != http.StatusServiceUnavailable || health.State != "joining" {
-			return false, fmt.Sprintf("healthz %d %+v", resp.StatusCode, health)
+			return false, fmt.Sprintf("the API answers while joining: healthz %d %+v", resp.StatusCode, health)
 		}
-		return true, ""
+		return true, "the API answers while joining"
 	})
 	// Until the store and the transport have started (a loaded machine
 	// takes a while), the front answers 503; then the node decides.
 	var d httpapi.AllowResponse
 	var left time.Duration
-	waitFor(t, joinTimeout, "a decision while joining", func() (bool, string) {
+	testutil.Eventually(t, joinTimeout, func() (bool, string) {
 		resp, err := client.Post("http://"+api+"/v1/allow", "application/json", strings.NewReader(`{"rule":"default","key":"k"}`))
 		if err != nil {
-			return false, err.Error()
+			return false, "a decision while joining: " + err.Error()
 		}
 		defer resp.Body.Close()
 		left = joinTimeout - time.Since(started)
 		if resp.StatusCode == http.StatusServiceUnavailable {
-			return false, "503 before the node started"
+			return false, "a decision while joining: 503 before the node started"
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("allow while joining: %d %v", resp.StatusCode, err)
 		}
-		return true, ""
+		return true, "a decision while joining"
 	})
 	if d.Allowed || d.RetryAfterMs <= 0 || d.RetryAfterMs > joinTimeout.Milliseconds() || time.Duration(d.RetryAfterMs)*time.Millisecond < left-time.Second {
 		t.Fatalf("allow while joining: %+v; want a denial retrying after the ~%v left of join_timeout", d, left.Round(time.Millisecond))

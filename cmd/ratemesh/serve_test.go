@@ -3,7 +3,8 @@ package main
 import (
 	"testing"
 
-	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/config"
+	"github.com/ratemesh/ratemesh/mesh"
 )
 
 func TestRoutable(t *testing.T) {
@@ -21,29 +22,27 @@ func TestRoutable(t *testing.T) {
 	}
 }
 
-func TestPlausibility(t *testing.T) {
-	var p plausibility
-	p.update([]limiter.Rule{
-		{Name: "a", Limit: 100, Classes: map[string]limiter.Class{"x": {Multiplier: 3}}, Overrides: map[string]uint64{"big": 200}},
-		{Name: "u", Limit: 100, Classes: map[string]limiter.Class{"node": {Unlimited: true}}},
-		{Name: "s", Limit: 100, Shadow: true},
-	})
-	if b, ok := p.get("a"); !ok || b != 200*3*plausibleFactor {
-		t.Fatalf("a: %d %v, want %d", b, ok, 200*3*plausibleFactor)
+// TestMeshConfig: the file's transport settings reach mesh.Config, the
+// dns: bootstrap entries excepted (startDNS resolves them).
+func TestMeshConfig(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+node:
+  listen: ["/ip4/127.0.0.1/tcp/4010"]
+  bootstrap: ["dns:ratemesh:8080", "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"]
+  mdns: true
+mesh: {namespace: edge}
+`))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, name := range []string{"u", "s", "unknown"} {
-		if _, ok := p.get(name); ok {
-			t.Errorf("%s: bounded, want no bound", name)
-		}
+	mc := meshConfig(cfg)
+	if mc.Namespace != "edge" || !mc.MDNS || len(mc.Listen) != 1 || mc.Listen[0] != "/ip4/127.0.0.1/tcp/4010" {
+		t.Errorf("mesh config %+v", mc)
 	}
-	// A reload that lowers a limit keeps the larger bound, so peers on the
-	// older version are not rejected; a raise takes effect.
-	p.update([]limiter.Rule{{Name: "a", Limit: 10}})
-	if b, _ := p.get("a"); b != 200*3*plausibleFactor {
-		t.Fatalf("a after a lower limit: %d", b)
+	if len(mc.Bootstrap) != 1 || mc.Bootstrap[0] != cfg.Node.Bootstrap[1] {
+		t.Errorf("bootstrap %v, want only the multiaddr", mc.Bootstrap)
 	}
-	p.update([]limiter.Rule{{Name: "a", Limit: 10_000}})
-	if b, _ := p.get("a"); b != 10_000*plausibleFactor {
-		t.Fatalf("a after a higher limit: %d", b)
+	if def := mesh.DefaultConfig(); mc.DialTimeout != def.DialTimeout || mc.MaxMessageBytes != def.MaxMessageBytes {
+		t.Errorf("mesh defaults lost: %+v", mc)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
 )
@@ -49,24 +50,6 @@ func (r *recorder) connected() []string {
 	return slices.Clone(r.connects)
 }
 
-// eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, why)
-		}
-		<-tick.C
-	}
-}
-
 func batch(peer string, seq uint64) *crdt.Batch {
 	return &crdt.Batch{Version: crdt.Version, From: crdt.Slot{Peer: peer, Incarnation: 1}, Seq: seq}
 }
@@ -99,7 +82,7 @@ func TestPublishReachesEveryOtherMemberInOrder(t *testing.T) {
 	for i := range want {
 		want[i] = uint64(i + 1)
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		b, c := rs["b"].seqs(), rs["c"].seqs()
 		return slices.Equal(b, want) && slices.Equal(c, want), fmt.Sprintf("b got %v, c got %v", b, c)
 	})
@@ -119,7 +102,7 @@ func TestPublishReachesEveryOtherMemberInOrder(t *testing.T) {
 func TestAttachReportsPeersBothWays(t *testing.T) {
 	hub := memnet.NewHub()
 	_, rs := attach(t, hub, "a", "b", "c")
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		a, b, c := rs["a"].connected(), rs["b"].connected(), rs["c"].connected()
 		slices.Sort(a)
 		slices.Sort(b)
@@ -136,7 +119,7 @@ func TestCutAndHeal(t *testing.T) {
 	hub := memnet.NewHub()
 	ts, rs := attach(t, hub, "a", "b", "c")
 	ctx := context.Background()
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		return len(rs["a"].connected()) == 2, "a not connected to both"
 	})
 	hub.Cut("a", "b")
@@ -148,13 +131,13 @@ func TestCutAndHeal(t *testing.T) {
 	}
 	// c hears the batch; b, cut off, never does. A marker sent to b by c
 	// after it shows that b's queue has moved past it.
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		return slices.Equal(rs["c"].seqs(), []uint64{1}), fmt.Sprintf("c got %v", rs["c"].seqs())
 	})
 	if err := ts["c"].SendDirect(ctx, "b", []*crdt.Batch{batch("c", 99)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		return slices.Contains(rs["b"].seqs(), 99), "b did not get c's marker"
 	})
 	if got := rs["b"].seqs(); !slices.Equal(got, []uint64{99}) {
@@ -163,14 +146,14 @@ func TestCutAndHeal(t *testing.T) {
 
 	before := len(rs["b"].connected())
 	hub.Heal("a", "b")
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		a, b := rs["a"].connected(), rs["b"].connected()
 		return len(b) == before+1 && b[len(b)-1] == "a" && a[len(a)-1] == "b", fmt.Sprintf("after heal: a %v, b %v", a, b)
 	})
 	if err := ts["a"].SendDirect(ctx, "b", []*crdt.Batch{batch("a", 2)}); err != nil {
 		t.Fatalf("SendDirect after the heal: %v", err)
 	}
-	eventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		return slices.Contains(rs["b"].seqs(), 2), "b did not get a's batch after the heal"
 	})
 	rs["b"].mu.Lock()
