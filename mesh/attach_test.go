@@ -21,6 +21,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
 // The tests of this file run ratemesh on hosts and PubSubs a service
@@ -126,7 +127,7 @@ func (s *service) echo(o *service, msg string) (string, error) {
 func checkService(t *testing.T, s, o *service, when string) {
 	t.Helper()
 	n := 0
-	eventually(t, 10*time.Second, when+": a service-topic message arrives", func() bool {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		n++
 		msg := fmt.Sprintf("%s-%d", when, n)
 		if err := s.topic.Publish(context.Background(), []byte(msg)); err != nil {
@@ -136,10 +137,10 @@ func checkService(t *testing.T, s, o *service, when string) {
 		// a later message then arrives.
 		for i := 1; i <= n; i++ {
 			if o.received(fmt.Sprintf("%s-%d", when, i)) {
-				return true
+				return true, when + ": a service-topic message arrives"
 			}
 		}
-		return false
+		return false, when + ": a service-topic message arrives"
 	})
 	got, err := o.echo(s, when)
 	if err != nil || got != "echo: "+when+"\n" {
@@ -188,14 +189,14 @@ func TestAttachLeavesServiceRunning(t *testing.T) {
 	if ma.PeerID() != a.h.ID().String() || ma.Host() != a.h {
 		t.Fatalf("attached member is %s on %p, want the host's %s on %p", ma.PeerID(), ma.Host(), a.h.ID(), a.h)
 	}
-	eventually(t, 5*time.Second, "PeerConnected over the service's connection", func() bool {
-		return ra.connectedCount(mb.PeerID()) == 1 && rb.connectedCount(ma.PeerID()) == 1
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return ra.connectedCount(mb.PeerID()) == 1 && rb.connectedCount(ma.PeerID()) == 1, "PeerConnected over the service's connection"
 	})
 	if !a.h.ConnManager().IsProtected(b.h.ID(), ma.connTag) {
 		t.Error("the member's connection is not protected from the service's connection manager")
 	}
 	seq := uint64(0)
-	eventually(t, 10*time.Second, "ratemesh batches cross", func() bool {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		seq++
 		if err := ma.Publish(context.Background(), batch(ma.PeerID(), seq, "from-a", 1)); err != nil {
 			t.Fatal(err)
@@ -203,7 +204,7 @@ func TestAttachLeavesServiceRunning(t *testing.T) {
 		if err := mb.Publish(context.Background(), batch(mb.PeerID(), seq, "from-b", 1)); err != nil {
 			t.Fatal(err)
 		}
-		return rb.has(ma.PeerID(), "from-a") && ra.has(mb.PeerID(), "from-b")
+		return rb.has(ma.PeerID(), "from-a") && ra.has(mb.PeerID(), "from-b"), "ratemesh batches cross"
 	})
 	checkService(t, a, b, "attached")
 	checkService(t, b, a, "attached-back")
@@ -236,8 +237,8 @@ func TestAttachLeavesServiceRunning(t *testing.T) {
 	if !connected2(a.h, b.h) {
 		t.Fatal("Close cut the service's connection")
 	}
-	eventually(t, 5*time.Second, "B sees A leave the ratemesh topic", func() bool {
-		return !slices.Contains(b.ps.ListPeers(ma.Topic()), a.h.ID())
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return !slices.Contains(b.ps.ListPeers(ma.Topic()), a.h.ID()), "B sees A leave the ratemesh topic"
 	})
 	checkService(t, a, b, "after")
 	checkService(t, b, a, "after-back")
@@ -246,7 +247,7 @@ func TestAttachLeavesServiceRunning(t *testing.T) {
 	// again, and works.
 	ma2, ra2 := attachStart(t, a, attachConfig(t))
 	mb2, rb2 := attachStart(t, b, attachConfig(t))
-	eventually(t, 10*time.Second, "ratemesh works again after a re-attach", func() bool {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		seq++
 		if err := ma2.Publish(context.Background(), batch(ma2.PeerID(), seq, "again-a", 1)); err != nil {
 			t.Fatal(err)
@@ -254,7 +255,7 @@ func TestAttachLeavesServiceRunning(t *testing.T) {
 		if err := mb2.Publish(context.Background(), batch(mb2.PeerID(), seq, "again-b", 1)); err != nil {
 			t.Fatal(err)
 		}
-		return rb2.has(ma2.PeerID(), "again-a") && ra2.has(mb2.PeerID(), "again-b")
+		return rb2.has(ma2.PeerID(), "again-a") && ra2.has(mb2.PeerID(), "again-b"), "ratemesh works again after a re-attach"
 	})
 }
 
@@ -397,17 +398,17 @@ func TestAttachedRejectsUnsigned(t *testing.T) {
 	if _, err := raw.Subscribe(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the forger sees the member subscribed", func() bool {
-		return slices.Contains(raw.ListPeers(), a.h.ID())
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return slices.Contains(raw.ListPeers(), a.h.ID()), "the forger sees the member subscribed"
 	})
 	fid := forger.h.ID().String()
 	seq := uint64(0)
-	eventually(t, 5*time.Second, "an unsigned batch is rejected", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		seq++
 		if err := raw.Publish(context.Background(), encode(t, batch(fid, seq, "unsigned", 1))); err != nil {
 			t.Fatal(err)
 		}
-		return ma.Stats().BadSignature > 0
+		return ma.Stats().BadSignature > 0, "an unsigned batch is rejected"
 	})
 	if ra.has(fid, "unsigned") {
 		t.Fatal("an unsigned batch was delivered")
@@ -417,12 +418,12 @@ func TestAttachedRejectsUnsigned(t *testing.T) {
 	b := newService(t)
 	b.connect(t, a)
 	mb, _ := attachStart(t, b, attachConfig(t))
-	eventually(t, 10*time.Second, "a signed batch arrives", func() bool {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		seq++
 		if err := mb.Publish(context.Background(), batch(mb.PeerID(), seq, "signed", 1)); err != nil {
 			t.Fatal(err)
 		}
-		return ra.has(mb.PeerID(), "signed")
+		return ra.has(mb.PeerID(), "signed"), "a signed batch arrives"
 	})
 }
 
@@ -435,11 +436,11 @@ func TestAttachedBlock(t *testing.T) {
 	b.connect(t, a)
 	ma, ra := attachStart(t, a, attachConfig(t))
 	mb, _ := attachStart(t, b, attachConfig(t))
-	eventually(t, 5*time.Second, "A announces B", func() bool { return ra.connectedCount(mb.PeerID()) == 1 })
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) { return ra.connectedCount(mb.PeerID()) == 1, "A announces B" })
 	if err := ma.Block(mb.PeerID()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "B leaves A's Peers()", func() bool { return len(ma.Peers()) == 0 })
+	testutil.Eventually(t, 2*time.Second, func() (bool, string) { return len(ma.Peers()) == 0, "B leaves A's Peers()" })
 	if !connected2(a.h, b.h) {
 		t.Fatal("Block cut the service's connection")
 	}
@@ -462,7 +463,7 @@ func TestAttachedBlock(t *testing.T) {
 	if err := ma.Unblock(mb.PeerID()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "A announces B again", func() bool { return ra.connectedCount(mb.PeerID()) == 2 })
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) { return ra.connectedCount(mb.PeerID()) == 2, "A announces B again" })
 }
 
 // TestAttachCloseEndsGoroutines: once Close returns, no goroutine the
@@ -476,7 +477,7 @@ func TestAttachCloseEndsGoroutines(t *testing.T) {
 	cfg.SyncTimeout = 30 * time.Second // what Close would wait for, were it not to reset the stream
 	ma, ra := attachStart(t, a, cfg)
 	mb, _ := attachStart(t, b, attachConfig(t))
-	eventually(t, 5*time.Second, "A announces B", func() bool { return ra.connectedCount(mb.PeerID()) == 1 })
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) { return ra.connectedCount(mb.PeerID()) == 1, "A announces B" })
 	if err := mb.SendDirect(context.Background(), ma.PeerID(), []*crdt.Batch{batch(mb.PeerID(), 1, "direct", 1)}); err != nil {
 		t.Fatal(err)
 	}
@@ -492,13 +493,13 @@ func TestAttachCloseEndsGoroutines(t *testing.T) {
 	if _, err := st.Write([]byte{10, 1, 2}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "A serves the stream", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		for _, g := range ours() {
 			if strings.Contains(g, "serveStream") {
-				return true
+				return true, "A serves the stream"
 			}
 		}
-		return false
+		return false, "A serves the stream"
 	})
 	if n := len(ours()); n < 6 {
 		t.Fatalf("only %d goroutines of the attached meshes found", n)
