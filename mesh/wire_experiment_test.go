@@ -390,12 +390,12 @@ func TestWireExperiment(t *testing.T) {
 			logWireResult(t, r, n)
 		})
 	}
-	t.Logf("%-22s %8s %7s %6s %8s %8s %7s %7s %7s %7s %7s %7s", "variant", "decis/s", "batch/s", "B/bat",
-		"wire/pub", "wire/dlv", "p50", "p99", "waitp99", "gspp99", "rawp99", "ratio")
+	t.Logf("%-22s %8s %7s %6s %8s %8s %8s %7s %7s %7s %7s %7s %7s", "variant", "decis/s", "batch/s", "B/bat",
+		"wire/pub", "wire/dlv", "B/dlvdec", "p50", "p99", "waitp99", "gspp99", "rawp99", "ratio")
 	for _, r := range res {
-		t.Logf("%-22s %8.0f %7.0f %6.0f %8.2f %8.2f %7v %7v %7v %7v %7v %7.2f", r.v.name,
+		t.Logf("%-22s %8.0f %7.0f %6.0f %8.2f %8.2f %8.0f %7v %7v %7v %7v %7v %7.2f", r.v.name,
 			float64(r.decisions)/r.dur.Seconds(), float64(r.published)/r.dur.Seconds(), float64(r.pubBytes)/float64(r.published),
-			r.perPublished(), r.perDelivered(n),
+			r.perPublished(), r.perDelivered(n), float64(r.wireOut)/float64(r.decisions*(n-1)),
 			r.p50.Round(100*time.Microsecond), r.p99.Round(100*time.Microsecond), r.waitP99.Round(100*time.Microsecond),
 			r.gossipP99.Round(100*time.Microsecond), r.rawP99.Round(100*time.Microsecond), float64(r.deltaP99Load)/float64(max(r.rawP99Load, 1)))
 	}
