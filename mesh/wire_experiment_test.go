@@ -846,7 +846,9 @@ func TestLeadingEdgeEstimate(t *testing.T) {
 		next func(rng *rand.Rand) time.Duration
 	}
 	poisson := func(perSec float64) func(*rand.Rand) time.Duration {
-		return func(rng *rand.Rand) time.Duration { return time.Duration(rng.ExpFloat64() / perSec * float64(time.Second)) }
+		return func(rng *rand.Rand) time.Duration {
+			return time.Duration(rng.ExpFloat64() / perSec * float64(time.Second))
+		}
 	}
 	pats := []arrivals{
 		{"600/s Poisson (the issue's load per member)", poisson(600)},
