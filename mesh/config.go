@@ -16,8 +16,10 @@ import (
 	"github.com/ratemesh/ratemesh/crdt"
 )
 
-// Config configures a Mesh. Start from DefaultConfig; New validates it and
-// names the first field that is wrong.
+// Config configures a Mesh. Start from DefaultConfig; New and Attach
+// validate it and name the first field that is wrong. Listen, PrivKey,
+// PSK and GossipHeartbeat configure the host and router New builds; Attach
+// takes the service's (see Attach).
 type Config struct {
 	// Namespace separates meshes that share a network: the gossip topic is
 	// /ratemesh/1/<Namespace> and the anti-entropy protocol
@@ -25,7 +27,8 @@ type Config struct {
 	Namespace string
 	// Listen are the multiaddrs to listen on, TCP (/ip4/…/tcp/N) and,
 	// without a PSK, QUIC (/ip4/…/udp/N/quic-v1). Empty listens nowhere
-	// (the mesh can still dial out).
+	// (the mesh can still dial out). Attach requires it empty: the
+	// service's host listens.
 	Listen []string
 	// Bootstrap are full multiaddrs of peers, ending in /p2p/<peer ID>.
 	// The mesh dials them at Start and keeps redialling them, with
@@ -33,11 +36,13 @@ type Config struct {
 	Bootstrap []string
 	// PrivKey is this member's identity; its peer ID names the member's
 	// counter slot, so persist it to keep the slot across restarts (see
-	// LoadOrCreateKey). Required.
+	// LoadOrCreateKey). Required by New; Attach takes the host's identity
+	// and accepts only nil or the host's own key.
 	PrivKey crypto.PrivKey
 	// PSK, when set, is the 32-byte private network key (see LoadPSK):
 	// only holders of the same key can connect. With a PSK only TCP works;
-	// a QUIC listen address is refused.
+	// a QUIC listen address is refused. Attach requires it empty: build
+	// the service's host with libp2p.PrivateNetwork instead.
 	PSK []byte
 	// MDNS discovers peers on the local network by multicast DNS.
 	MDNS bool
@@ -70,11 +75,13 @@ type Config struct {
 	MaxSyncBatches int
 	// QueueSize is the depth of gossipsub's per-peer outbound queue, its
 	// validation queue and the subscription buffer (libp2p's 32 drops
-	// messages silently under bursts).
+	// messages silently under bursts). An attached Mesh sizes only its
+	// subscription buffer: the PubSub's queues are the service's.
 	QueueSize int
 	// GossipHeartbeat is gossipsub's heartbeat: how soon the topic mesh
 	// forms and repairs itself. It is not the member's idle heartbeat
-	// (mesh.heartbeat in the config file), which the runtime drives.
+	// (mesh.heartbeat in the config file), which the runtime drives. Not
+	// used by Attach: the PubSub's parameters are the service's.
 	GossipHeartbeat time.Duration
 	// RedialMin and RedialMax bound the exponential backoff of redials to
 	// a bootstrap peer whose connection dropped.
@@ -130,24 +137,40 @@ var (
 	ErrTooLarge = errors.New("mesh: batch over the message size cap")
 )
 
+// validate checks a Config for New, naming the first wrong field.
 func (c *Config) validate() error {
-	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("mesh: config %s: "+format, append([]any{field}, args...)...)
+	if err := c.validateNamespace(); err != nil {
+		return err
 	}
+	if c.PrivKey == nil {
+		return badField("PrivKey", "required (the member's identity)")
+	}
+	return c.validateRest()
+}
+
+func badField(field, format string, args ...any) error {
+	return fmt.Errorf("mesh: config %s: "+format, append([]any{field}, args...)...)
+}
+
+func (c *Config) validateNamespace() error {
 	if c.Namespace == "" {
-		return bad("Namespace", "must not be empty")
+		return badField("Namespace", "must not be empty")
 	}
 	for _, r := range c.Namespace {
 		if r <= ' ' || r == '/' || r == 0x7f {
-			return bad("Namespace", "%q: no spaces, control characters or '/'", c.Namespace)
+			return badField("Namespace", "%q: no spaces, control characters or '/'", c.Namespace)
 		}
 	}
 	if len(c.Namespace) > 64 {
-		return bad("Namespace", "%d bytes, over 64", len(c.Namespace))
+		return badField("Namespace", "%d bytes, over 64", len(c.Namespace))
 	}
-	if c.PrivKey == nil {
-		return bad("PrivKey", "required (the member's identity)")
-	}
+	return nil
+}
+
+// validateRest checks the fields after Namespace and PrivKey, which New
+// and Attach share.
+func (c *Config) validateRest() error {
+	bad := badField
 	if len(c.PSK) != 0 && len(c.PSK) != 32 {
 		return bad("PSK", "%d bytes, want 32", len(c.PSK))
 	}

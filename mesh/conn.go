@@ -80,11 +80,16 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 		}
 		st.conns[ev.c] = struct{}{}
 		if ev.kind == evIdentified {
-			return p, m.announce(st, ev.protos)
+			return p, m.announce(p, st, ev.protos)
 		}
 	case evProtocols:
 		if st != nil {
-			return p, m.announce(st, ev.protos)
+			return p, m.announce(p, st, ev.protos)
+		}
+	case evBlocked:
+		if st != nil {
+			st.announced = false // an attached Mesh keeps the connection
+			m.unprotect(p, st)
 		}
 	case evDown:
 		if st == nil {
@@ -92,6 +97,7 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 		}
 		delete(st.conns, ev.c)
 		if len(st.conns) == 0 {
+			m.unprotect(p, st)
 			delete(m.peers, p)
 			m.trace.removePeer(p)
 			m.log.Debug("peer disconnected", "peer", p.String())
@@ -102,12 +108,15 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 }
 
 // announce reports whether a peer is to be announced now: it speaks our
-// sync protocol and has not been announced in this spell.
-func (m *Mesh) announce(st *peerState, protos []protocol.ID) bool {
-	if st.announced || !slices.Contains(protos, m.syncProto) {
+// sync protocol, is not blocked and has not been announced in this spell.
+// An announced member's connections are protected from the connection
+// manager.
+func (m *Mesh) announce(p peer.ID, st *peerState, protos []protocol.ID) bool {
+	if st.announced || !slices.Contains(protos, m.syncProto) || m.gater.isBlocked(p) {
 		return false
 	}
 	st.announced = true
+	m.protect(p, st)
 	return true
 }
 
@@ -328,12 +337,23 @@ func addrString(pi peer.AddrInfo) string {
 // closed. It serves partition tests, and `ratemesh peers evict` when the
 // operator wants the peer kept out: a blocked peer cannot come back to
 // learn of its eviction and take a new incarnation.
+//
+// An attached Mesh has no gater on the service's host and does not cut
+// the service's connections: as if the link were cut, it ignores the
+// gossip the peer forwards (what the peer authors may still arrive
+// through others, as it would around a cut link), resets the peer's sync
+// and forward streams, no longer reports it as a peer and does not dial
+// it. Its own gossip still reaches the peer through the service's PubSub.
 func (m *Mesh) Block(peerID string) error {
 	p, err := peer.Decode(peerID)
 	if err != nil {
 		return fmt.Errorf("mesh: block %q: %w", peerID, err)
 	}
 	m.gater.block(p)
+	if !m.owned {
+		m.push(connEvent{kind: evBlocked, p: p})
+		return nil
+	}
 	if err := m.h.Network().ClosePeer(p); err != nil {
 		return fmt.Errorf("mesh: block %s: close connections: %w", peerID, err)
 	}
@@ -350,6 +370,14 @@ func (m *Mesh) Unblock(peerID string) error {
 		return fmt.Errorf("mesh: unblock %q: %w", peerID, err)
 	}
 	m.gater.unblock(p)
+	if !m.owned && m.h.Network().Connectedness(p) == network.Connected {
+		// The connection stayed up: announce the peer again, so the
+		// runtime runs anti-entropy on heal.
+		if ok, _ := m.h.Peerstore().SupportsProtocols(p, m.syncProto); len(ok) > 0 {
+			m.push(connEvent{kind: evProtocols, p: p, protos: ok})
+		}
+		return nil
+	}
 	addrs := m.h.Peerstore().Addrs(p)
 	m.mu.Lock()
 	r := m.redials[p]

@@ -29,6 +29,22 @@
 //		// 429, retry after d.RetryAfter
 //	}
 //
+// # In a libp2p service
+//
+// A program that already runs a libp2p host and gossipsub attaches the
+// member to them instead (Attach), so that it has one peer ID and one set
+// of connections, and limits its own streams with node/p2plimit:
+//
+//	mcfg := mesh.DefaultConfig()
+//	mcfg.Listen = nil // the service's host listens
+//	mcfg.Bootstrap = []string{"/ip4/10.0.0.2/tcp/4001/p2p/12D3KooW…"} // other service hosts
+//	m, err := mesh.Attach(h, ps, mcfg) // h host.Host, ps *pubsub.PubSub: the service's
+//	ncfg.Peer, ncfg.Transport = m.PeerID(), m // the host's peer ID
+//	n, err := node.Start(ctx, ncfg) // n.Close detaches m; h and ps run on
+//
+// Attach refuses a PubSub that does not sign its messages as the host; see
+// docs/p2p.md and examples/p2p-echo.
+//
 // The node runtime drives the Mesh like this:
 //
 //	err = m.Start(ctx, handler) // handler queues into the runtime's loop
@@ -106,5 +122,7 @@
 //
 // Block and Unblock cut and restore the connection to one peer through a
 // connection gater; tests use them for partitions and `ratemesh peers
-// evict` to keep an evicted peer out.
+// evict` to keep an evicted peer out. An attached Mesh, which has no gater
+// on the service's host, ignores a blocked peer instead and leaves the
+// service's connection to it up.
 package mesh

@@ -180,6 +180,9 @@ func (m *Mesh) Forward(ctx context.Context, peerID string, req *node.ForwardRequ
 	if err != nil {
 		return nil, fmt.Errorf("%w: %q: %v", node.ErrBadPeer, peerID, err)
 	}
+	if m.gater.isBlocked(p) {
+		return nil, fmt.Errorf("%w: forward to %s: blocked", ErrUnreachable, peerID)
+	}
 	data, err := fwdEnc.Marshal(toWireRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("mesh: forward to %s: %w", peerID, err)

@@ -34,9 +34,14 @@ const rpcOverhead = 64 << 10
 
 // Mesh is the libp2p Transport: a host, a gossipsub topic with a
 // validating gate, the anti-entropy stream protocol, discovery and
-// redialling. Create it with New, then Start it; it is safe for concurrent
-// use. Its zero value is not usable.
+// redialling. Create it with New (its own host and PubSub) or Attach (a
+// service's), then Start it; it is safe for concurrent use. Its zero value
+// is not usable.
 type Mesh struct {
+	// owned: New built h and ps, and Close closes them; an attached Mesh
+	// (Attach) only removes what it added.
+	owned     bool
+	connTag   string // the connection manager tag protecting members' connections
 	cfg       Config
 	log       *slog.Logger
 	h         host.Host
@@ -85,6 +90,12 @@ type Mesh struct {
 	// fwdHandler serves the forward stream (forward.go): the handler,
 	// when it implements node.ForwardHandler. Set once by Start.
 	fwdHandler node.ForwardHandler
+
+	// probe is set while attach checks the PubSub's signing (attach.go).
+	probe atomic.Pointer[probe]
+	// inflight are the inbound sync and forward streams being served,
+	// under mu; Close resets them and waits for their handlers (wg).
+	inflight map[network.Stream]struct{}
 }
 
 var _ node.Transport = (*Mesh)(nil)
@@ -96,6 +107,7 @@ const (
 	evDown                     // a connection closed
 	evIdentified               // identify completed on a connection
 	evProtocols                // a peer announced new protocols
+	evBlocked                  // Block on an attached Mesh: the connection stays
 )
 
 type connEvent struct {
@@ -109,6 +121,7 @@ type connEvent struct {
 type peerState struct {
 	conns     map[network.Conn]struct{}
 	announced bool // PeerConnected fired for this spell of connectivity
+	protected bool // its connections carry our connection manager tag
 }
 
 // redial wakes the redial loop of one bootstrap peer.
@@ -117,51 +130,21 @@ type redial struct {
 	wake chan struct{} // Unblock: try now, with a fresh backoff
 }
 
-// New builds the host and starts listening; the mesh joins the topic and
-// dials out only at Start. PeerID and Addrs are valid at once, so the
-// runtime can name its counter slot before starting.
+// New builds the host and its gossipsub router and starts listening; the
+// mesh subscribes to the topic and dials out only at Start. PeerID and
+// Addrs are valid at once, so the runtime can name its counter slot before
+// starting. New runs on the same code as Attach, on a host and PubSub of
+// its own, which Close closes.
 func New(cfg Config) (*Mesh, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	m := &Mesh{
-		cfg:       cfg,
-		log:       log.With("component", "mesh"),
-		gater:     newGater(),
-		topicName: "/ratemesh/1/" + cfg.Namespace,
-		syncProto: protocol.ID("/ratemesh/1/" + cfg.Namespace + "/sync"),
-		evSig:     make(chan struct{}, 1),
-		peers:     make(map[peer.ID]*peerState),
-		redials:   make(map[peer.ID]*redial),
-	}
-	m.wire = &wire{sync: m.syncProto}
-	m.trace = newTracer(m.topicName)
-	var err error
-	m.self, err = peer.IDFromPrivateKey(cfg.PrivKey)
+	self, err := peer.IDFromPrivateKey(cfg.PrivKey)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: config PrivKey: %w", err)
 	}
-	m.selfStr = m.self.String()
-	for _, s := range cfg.Bootstrap {
-		pi, _ := peer.AddrInfoFromString(s) // validated
-		if pi.ID == m.self {
-			continue
-		}
-		merged := false
-		for i := range m.bootstrap {
-			if m.bootstrap[i].ID == pi.ID {
-				m.bootstrap[i].Addrs = append(m.bootstrap[i].Addrs, pi.Addrs...)
-				merged = true
-			}
-		}
-		if !merged {
-			m.bootstrap = append(m.bootstrap, *pi)
-		}
-	}
+	m := newMember(cfg, self)
+	m.owned = true
 	opts := []libp2p.Option{
 		libp2p.Identity(cfg.PrivKey),
 		libp2p.Security(noise.ID, noise.New),
@@ -185,17 +168,83 @@ func New(cfg Config) (*Mesh, error) {
 	opts = append(opts, libp2p.NoListenAddrs) // listen binds cfg.Listen below, every one or none
 	m.h, err = libp2p.New(opts...)
 	if err != nil {
+		m.cancel()
 		return nil, fmt.Errorf("mesh: start host: %w", err)
 	}
 	if err := listen(m.h, cfg.Listen); err != nil {
+		m.cancel()
 		_ = m.h.Close()
 		return nil, err
 	}
-	m.ctx, m.cancel = context.WithCancel(context.Background())
+	params := pubsub.DefaultGossipSubParams()
+	params.HeartbeatInterval = cfg.GossipHeartbeat
+	params.HeartbeatInitialDelay = cfg.GossipHeartbeat
+	ps, err := pubsub.NewGossipSub(m.ctx, m.h,
+		pubsub.WithGossipSubParams(params),
+		pubsub.WithFloodPublish(true),
+		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
+		pubsub.WithPeerOutboundQueueSize(cfg.QueueSize),
+		pubsub.WithValidateQueueSize(cfg.QueueSize),
+		pubsub.WithMaxMessageSize(cfg.MaxMessageBytes+rpcOverhead),
+		pubsub.WithRawTracer(m.trace),
+	)
+	if err != nil {
+		m.cancel()
+		_ = m.h.Close()
+		return nil, fmt.Errorf("mesh: start gossipsub: %w", err)
+	}
+	if err := m.attach(ps); err != nil {
+		m.cancel()
+		_ = m.h.Close()
+		return nil, err
+	}
 	if len(cfg.PSK) == 0 && !allLoopback(cfg.Listen) {
 		m.log.Warn("no private network key: any peer that can reach this address may join the mesh", "listen", cfg.Listen)
 	}
 	return m, nil
+}
+
+// newMember returns a Mesh for cfg (validated) and the member's peer ID,
+// without a host.
+func newMember(cfg Config, self peer.ID) *Mesh {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m := &Mesh{
+		cfg:       cfg,
+		log:       log.With("component", "mesh"),
+		self:      self,
+		selfStr:   self.String(),
+		gater:     newGater(),
+		topicName: "/ratemesh/1/" + cfg.Namespace,
+		syncProto: protocol.ID("/ratemesh/1/" + cfg.Namespace + "/sync"),
+		connTag:   "ratemesh/" + cfg.Namespace,
+		evSig:     make(chan struct{}, 1),
+		peers:     make(map[peer.ID]*peerState),
+		redials:   make(map[peer.ID]*redial),
+		inflight:  make(map[network.Stream]struct{}),
+	}
+	m.wire = &wire{sync: m.syncProto}
+	m.trace = newTracer(m.topicName)
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	for _, s := range cfg.Bootstrap {
+		pi, _ := peer.AddrInfoFromString(s) // validated
+		if pi.ID == self {
+			continue
+		}
+		merged := false
+		for i := range m.bootstrap {
+			if m.bootstrap[i].ID == pi.ID {
+				m.bootstrap[i].Addrs = append(m.bootstrap[i].Addrs, pi.Addrs...)
+				merged = true
+			}
+		}
+		if !merged {
+			m.bootstrap = append(m.bootstrap, *pi)
+		}
+	}
+	return m
 }
 
 // PeerID returns this member's peer ID in text form; use it as the
@@ -216,7 +265,8 @@ func (m *Mesh) Addrs() []string {
 	return out
 }
 
-// Host returns the libp2p host, for tests and diagnostics.
+// Host returns the libp2p host (the service's, for an attached Mesh), for
+// tests and diagnostics.
 func (m *Mesh) Host() host.Host { return m.h }
 
 // Topic returns the gossipsub topic name, /ratemesh/1/<namespace>.
@@ -226,8 +276,9 @@ func (m *Mesh) Topic() string { return m.topicName }
 // /ratemesh/1/<namespace>/sync.
 func (m *Mesh) SyncProtocol() protocol.ID { return m.syncProto }
 
-// Start joins the topic, begins delivering to h, registers the
-// anti-entropy protocol and dials the bootstrap peers in parallel. It
+// Start subscribes to the topic, begins delivering to h, registers the
+// anti-entropy and forward protocols and dials the bootstrap peers in
+// parallel. It
 // returns once the mesh can publish and every bootstrap peer has been
 // tried once (each bounded by DialTimeout), or when ctx ends; failures are
 // logged and retried in the background with backoff, so a member whose
@@ -259,37 +310,18 @@ func (m *Mesh) start(h node.Handler) (*sync.WaitGroup, error) {
 	case m.started:
 		return nil, errors.New("mesh: already started")
 	}
-	params := pubsub.DefaultGossipSubParams()
-	params.HeartbeatInterval = m.cfg.GossipHeartbeat
-	params.HeartbeatInitialDelay = m.cfg.GossipHeartbeat
-	ps, err := pubsub.NewGossipSub(m.ctx, m.h,
-		pubsub.WithGossipSubParams(params),
-		pubsub.WithFloodPublish(true),
-		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
-		pubsub.WithPeerOutboundQueueSize(m.cfg.QueueSize),
-		pubsub.WithValidateQueueSize(m.cfg.QueueSize),
-		pubsub.WithMaxMessageSize(m.cfg.MaxMessageBytes+rpcOverhead),
-		pubsub.WithRawTracer(m.trace),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("mesh: start gossipsub: %w", err)
+	if err := m.protocolsFree(); err != nil {
+		return nil, err
 	}
-	if err := ps.RegisterTopicValidator(m.topicName, pubsub.ValidatorEx(m.validate), pubsub.WithValidatorInline(true)); err != nil {
-		return nil, fmt.Errorf("mesh: register validator: %w", err)
-	}
-	topic, err := ps.Join(m.topicName)
-	if err != nil {
-		return nil, fmt.Errorf("mesh: join %s: %w", m.topicName, err)
-	}
-	sub, err := topic.Subscribe(pubsub.WithBufferSize(m.cfg.QueueSize))
+	sub, err := m.topic.Subscribe(pubsub.WithBufferSize(m.cfg.QueueSize))
 	if err != nil {
 		return nil, fmt.Errorf("mesh: subscribe %s: %w", m.topicName, err)
 	}
-	m.handler, m.ps, m.topic, m.sub, m.started = h, ps, topic, sub, true
-	m.h.SetStreamHandler(m.syncProto, m.handleSync)
+	m.handler, m.sub, m.started = h, sub, true
+	m.h.SetStreamHandler(m.syncProto, m.serveStream(m.handleSync))
 	if fh, ok := h.(node.ForwardHandler); ok {
 		m.fwdHandler = fh
-		m.h.SetStreamHandler(m.ForwardProtocol(), m.handleForward)
+		m.h.SetStreamHandler(m.ForwardProtocol(), m.serveStream(m.handleForward))
 	}
 
 	// PeerConnected waits for identify, so it only fires for peers that
@@ -418,11 +450,35 @@ func (m *Mesh) read(sub *pubsub.Subscription) {
 	}
 }
 
-// validate is the topic validator: size cap, strict decoding, author,
-// own-slot-only and plausibility checks. The decoded batch travels to
-// read through ValidatorData.
+// validate is the topic validator: signature, size cap, strict decoding,
+// author, own-slot-only and plausibility checks. The decoded batch travels
+// to read through ValidatorData.
+//
+// A message without a signature is rejected whatever the PubSub's signing
+// policy: go-libp2p-pubsub v0.17 verifies every signature a message
+// carries, under any policy, before it runs topic validators
+// (validation.go, validate), so a signed message that reaches this
+// validator has a verified author. The check costs nothing under
+// StrictSign (pubsub already refused unsigned messages) and keeps an
+// attached Mesh strict on a service's PubSub whose policy is LaxSign.
 func (m *Mesh) validate(_ context.Context, from peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
-	author := msg.GetFrom() // verified against the signature (StrictSign)
+	if from == m.self {
+		if pr := m.probe.Load(); pr != nil && pr.is(msg) {
+			return pubsub.ValidationReject // attach's probe: never sent
+		}
+	}
+	if msg.Signature == nil || len(msg.From) == 0 {
+		m.st.unsigned.Add(1)
+		m.logRejection("rejected an unsigned gossip message", "forwarder", from.String())
+		return pubsub.ValidationReject
+	}
+	if m.gater.isBlocked(from) {
+		// Only an attached Mesh hears a blocked peer (it cannot cut the
+		// service's connection): drop what that peer forwards, as a cut
+		// link would.
+		return pubsub.ValidationIgnore
+	}
+	author := msg.GetFrom() // verified against the signature
 	data := msg.GetData()
 	if len(data) > m.cfg.MaxMessageBytes {
 		m.reject(false, ReasonOversize, author, fmt.Errorf("%d bytes, cap %d", len(data), m.cfg.MaxMessageBytes))
@@ -448,9 +504,14 @@ func (m *Mesh) reject(direct bool, r Reason, author peer.ID, err error) {
 	} else {
 		m.st.rejectedGossip[r].Add(1)
 	}
+	m.logRejection("rejected a batch", "reason", r.String(), "author", author.String(), "direct", direct, "err", err)
+}
+
+// logRejection logs a refused message, at most once a second.
+func (m *Mesh) logRejection(msg string, args ...any) {
 	now := time.Now().UnixNano()
 	if gate := m.logGate.Load(); now >= gate && m.logGate.CompareAndSwap(gate, now+int64(time.Second)) {
-		m.log.Warn("rejected a batch", "reason", r.String(), "author", author.String(), "direct", direct, "err", err)
+		m.log.Warn(msg, args...)
 	}
 }
 
@@ -476,22 +537,36 @@ func (m *Mesh) deliverConnected(p peer.ID) {
 	m.handler.PeerConnected(p.String())
 }
 
-// Close leaves the topic, stops delivering and closes the host. No handler
-// call is under way or starts once Close returns; the handler must not
-// call Close from inside a callback. Close is idempotent.
+// Close leaves the topic and stops delivering. A Mesh built by New also
+// closes its host; an attached Mesh (Attach) removes only what it added —
+// its subscription and topic handle, its validator, its stream handlers,
+// its notifiee, event subscription and connection manager tags, mDNS — and
+// ends its goroutines and the streams it was serving, leaving the host,
+// the PubSub and the service's own topics and protocols running. No
+// handler call is under way or starts once Close returns; the handler
+// must not call Close from inside a callback. Close is idempotent.
 func (m *Mesh) Close() error {
 	m.closeOnce.Do(func() {
 		m.mu.Lock()
 		m.closed = true
-		sub, topic, disc, nb, bus := m.sub, m.topic, m.disc, m.notifiee, m.busSub
+		sub, disc, nb, bus, handlers := m.sub, m.disc, m.notifiee, m.busSub, m.started
+		streams := make([]network.Stream, 0, len(m.inflight))
+		for s := range m.inflight {
+			streams = append(streams, s)
+		}
 		m.mu.Unlock()
 
 		m.deliver.Lock()
 		m.stopped = true
 		m.deliver.Unlock()
 
-		m.h.RemoveStreamHandler(m.syncProto)
-		m.h.RemoveStreamHandler(m.ForwardProtocol())
+		var errs []error
+		if handlers {
+			m.h.RemoveStreamHandler(m.syncProto)
+			if m.fwdHandler != nil {
+				m.h.RemoveStreamHandler(m.ForwardProtocol())
+			}
+		}
 		if nb != nil {
 			m.h.Network().StopNotify(nb)
 		}
@@ -501,19 +576,19 @@ func (m *Mesh) Close() error {
 		if disc != nil {
 			disc.Close()
 		}
-		if sub != nil {
-			sub.Cancel()
+		for _, s := range streams {
+			_ = s.Reset()
 		}
-		if topic != nil {
-			// Fails when pubsub has not yet processed the cancellation; the
-			// host's close below ends everything anyway.
-			if err := topic.Close(); err != nil {
-				m.log.Debug("close topic", "err", err)
-			}
-		}
+		errs = append(errs, m.detach(sub))
 		m.cancel()
-		m.closeErr = m.h.Close()
+		if m.owned {
+			errs = append(errs, m.h.Close())
+		}
 		m.wg.Wait()
+		if !m.owned {
+			m.unprotectAll() // the event loop, which protects, has stopped
+		}
+		m.closeErr = errors.Join(errs...)
 	})
 	return m.closeErr
 }
@@ -531,21 +606,24 @@ type Stats struct {
 	DirectSent, DirectSentBytes         uint64
 	DirectReceived, DirectReceivedBytes uint64
 	// RejectedGossip and RejectedDirect count batches refused by our
-	// checks, by Reason; BadSignature counts gossip messages pubsub
-	// refused before them (unsigned or badly signed).
+	// checks, by Reason; BadSignature counts gossip messages refused
+	// before them, unsigned or badly signed (an attached Mesh counts the
+	// unsigned ones only: pubsub's own refusals are not visible to it).
 	RejectedGossip, RejectedDirect [NumReasons]uint64
 	BadSignature                   uint64
 	// Silent drops inside gossipsub: outbound messages dropped at a full
 	// per-peer queue, inbound ones dropped at a full validation queue,
 	// and messages our subscription could not take (handler too slow).
-	// Any of them growing means QueueSize is too small.
+	// Any of them growing means QueueSize is too small. Only a Mesh built
+	// by New traces its PubSub: they stay 0 for an attached one.
 	DroppedOutbound, DroppedValidation, DroppedSubscriber uint64
 	// PeerConnected counts PeerConnected calls; DialFailures failed dials;
 	// Refused connections and dials the Block gater refused.
 	PeerConnected, DialFailures, Refused uint64
 	// Wire bytes carried by libp2p streams (after multiplexing, before
 	// encryption and transport framing): in total, over gossipsub, and
-	// over the sync protocol.
+	// over the sync protocol. Only a Mesh built by New counts them (a
+	// host option): they stay 0 for an attached one.
 	WireIn, WireOut             uint64
 	GossipWireIn, GossipWireOut uint64
 	SyncWireIn, SyncWireOut     uint64
@@ -558,6 +636,7 @@ type counters struct {
 	directReceived, directReceivedBytes atomic.Uint64
 	rejectedGossip, rejectedDirect      [NumReasons]atomic.Uint64
 	peerConnected, dialFailures         atomic.Uint64
+	unsigned                            atomic.Uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -567,7 +646,7 @@ func (m *Mesh) Stats() Stats {
 		Received: m.st.received.Load(), ReceivedBytes: m.st.receivedBytes.Load(),
 		DirectSent: m.st.directSent.Load(), DirectSentBytes: m.st.directSentBytes.Load(),
 		DirectReceived: m.st.directReceived.Load(), DirectReceivedBytes: m.st.directReceivedBytes.Load(),
-		BadSignature:      m.trace.badSignature.Load(),
+		BadSignature:      m.trace.badSignature.Load() + m.st.unsigned.Load(),
 		DroppedOutbound:   m.trace.droppedRPC.Load(),
 		DroppedValidation: m.trace.validationDropped.Load(),
 		DroppedSubscriber: m.trace.undeliverable.Load(),
@@ -586,8 +665,18 @@ func (m *Mesh) Stats() Stats {
 
 // MeshPeers returns the peers in this member's gossipsub topic mesh (the
 // ones it forwards to), in text form; a freshly connected peer joins it
-// at the next heartbeat.
+// at the next heartbeat. An attached Mesh cannot trace the service's
+// PubSub: it returns the connected peers subscribed to the topic, of
+// which the topic mesh is a part.
 func (m *Mesh) MeshPeers() []string {
+	if !m.owned {
+		var out []string
+		for _, p := range m.ps.ListPeers(m.topicName) {
+			out = append(out, p.String())
+		}
+		slices.Sort(out)
+		return out
+	}
 	m.trace.mu.Lock()
 	defer m.trace.mu.Unlock()
 	out := make([]string, 0, len(m.trace.mesh))

@@ -39,6 +39,9 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 	if err != nil {
 		return fmt.Errorf("mesh: send to %q: bad peer ID: %w", peerID, err)
 	}
+	if m.gater.isBlocked(p) {
+		return fmt.Errorf("%w: send to %s: blocked", ErrUnreachable, peerID)
+	}
 	frames := make([][]byte, 0, len(bs))
 	var total int
 	for i, b := range bs {

@@ -1,0 +1,5 @@
+//go:build !race
+
+package p2plimit_test
+
+const raceEnabled = false
