@@ -79,11 +79,23 @@ func TestFrontBurst(t *testing.T) {
 	}
 	t.Logf("%d of %d admitted within %v; latency p50 %v p99 %v max %v; %d held, %d of them admitted",
 		admitted, n, sent, lat.quantile(0.5), lat.quantile(0.99), lat.quantile(1), held, heldOK)
-	if admitted != n {
-		t.Errorf("%d of %d admitted under a limit of 1000", admitted, n)
+	// Under the race detector on a loaded 2-core machine an
+	// acknowledgement can come later than share_wait (200 ms), and a held
+	// request is refused when its hold expires (899 of 900 once in CI):
+	// there the test allows 1 % of them; without it, none.
+	want := n
+	if raceEnabled {
+		want = n - n/100
 	}
-	if mx := lat.quantile(1); mx > 250*time.Millisecond {
-		t.Errorf("slowest request took %v, over 250 ms", mx)
+	if admitted < want {
+		t.Errorf("%d of %d admitted under a limit of 1000, want at least %d", admitted, n, want)
+	}
+	slowest := 250 * time.Millisecond
+	if raceEnabled {
+		slowest = time.Second
+	}
+	if mx := lat.quantile(1); mx > slowest {
+		t.Errorf("slowest request took %v, over %v", mx, slowest)
 	}
 }
 
