@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
 )
@@ -30,14 +31,14 @@ func TestFenceLiftsOverAConnectionThatStayedUp(t *testing.T) {
 	rtMeshed(t, ns)
 	hub.Cut("c", "a")
 	hub.Cut("c", "b")
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		h := ns["c"].Health()
 		return h == node.HealthFenced, fmt.Sprintf("c is %v", h)
 	})
 	hub.Resume("c", "a")
 	hub.Resume("c", "b")
 	healed := time.Now()
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		h := ns["c"].Health()
 		return h == node.HealthReady, fmt.Sprintf("c is %v %v after the links came back", h, time.Since(healed).Round(time.Millisecond))
 	})

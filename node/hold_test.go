@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
@@ -96,7 +97,7 @@ func TestHoldNotWhenLimitReached(t *testing.T) {
 			}
 		}
 	}
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		rep, _ := ns["a"].Usage("api", "k")
 		return rep.Total == 3, fmt.Sprintf("a sees %d of 3", rep.Total)
 	})
@@ -183,7 +184,7 @@ func TestHoldAllowAll(t *testing.T) {
 	for _, p := range []string{"a", "b", "c"} {
 		spend(t, ns[p], "tiny", "k", 1)
 	}
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		rep, _ := a.Usage("tiny", "k")
 		return rep.Total == 3, fmt.Sprintf("a sees %d of 3", rep.Total)
 	})
@@ -313,7 +314,7 @@ func TestLeaseAtAnyMember(t *testing.T) {
 	if err := ns[2].Release(ctx, l.ID); err != nil {
 		t.Fatalf("Release at a third member: %v", err)
 	}
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		for i, n := range ns {
 			if rep, _ := n.Usage("conns", "k"); rep.Total != 0 {
 				return false, fmt.Sprintf("member %d still counts %d leases", i, rep.Total)

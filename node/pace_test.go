@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
@@ -29,7 +30,7 @@ func TestWaitPaced(t *testing.T) {
 		limit  = 10
 	)
 	cfg := rtConfig(memnet.NewHub(), "a", pacedRule("paced", limit, window), fixedRule("plain", limit, window))
-	cfg.Clock = rtAligned(window, 0)
+	cfg.Clock = testutil.AlignedClock(window, 0)
 	n := rtStart(t, cfg)
 	ctx := context.Background()
 
@@ -75,7 +76,7 @@ func TestWaitPaced(t *testing.T) {
 func TestWaitPacedReturnsAtOnce(t *testing.T) {
 	const window = 50 * time.Second
 	cfg := rtConfig(memnet.NewHub(), "a", pacedRule("paced", 10, window))
-	cfg.Clock = rtAligned(window, 0)
+	cfg.Clock = testutil.AlignedClock(window, 0)
 	n := rtStart(t, cfg)
 	ctx := context.Background()
 	if d, err := n.Allow(ctx, "paced", "k"); err != nil || !d.Allowed {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
@@ -44,12 +45,12 @@ func TestFlushErrorsAreCountedAndServingGoesOn(t *testing.T) {
 			t.Fatalf("Allow on a broken disk = %+v, %v; want admitted from memory", d, err)
 		}
 	}
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		st := n.Stats()
 		return st.PersistErrors >= 2, fmt.Sprintf("PersistErrors %d", st.PersistErrors)
 	})
 	store.broken.Store(false)
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		recs, err := store.LoadWindows(ctx)
 		if err != nil || len(recs) != 1 {
 			return false, fmt.Sprintf("records %+v, %v", recs, err)
@@ -80,7 +81,7 @@ func TestRepeatedFlushFailuresAreLoggedOnce(t *testing.T) {
 	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	n := rtStart(t, cfg)
 	ctx := context.Background()
-	rtEventually(t, 10*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		// Every flush has something to write: a decision in between.
 		if _, err := n.Allow(ctx, "api", "k"); err != nil {
 			return false, err.Error()
@@ -88,7 +89,7 @@ func TestRepeatedFlushFailuresAreLoggedOnce(t *testing.T) {
 		return n.Stats().PersistErrors >= 50, fmt.Sprintf("PersistErrors %d", n.Stats().PersistErrors)
 	})
 	store.broken.Store(false)
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		return strings.Contains(log.String(), "flush succeeded again"), log.String()
 	})
 	failed := strings.Count(log.String(), "persist: flush failed")
@@ -188,7 +189,7 @@ func TestCloseIsBoundedWhenTheStoreHangs(t *testing.T) {
 				if _, err := n.Allow(context.Background(), "api", "k"); err != nil {
 					t.Fatal(err)
 				}
-				rtEventually(t, 5*time.Second, func() (bool, string) {
+				testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 					return hs.hanging.Load() == 1, fmt.Sprintf("%d flushes hang", hs.hanging.Load())
 				})
 			}

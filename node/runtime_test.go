@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
@@ -35,35 +36,6 @@ func rtStart(t testing.TB, cfg node.Config) *node.Node {
 	return n
 }
 
-// rtEventually polls cond every few milliseconds until it reports true or
-// timeout passes, and then fails with cond's last explanation.
-func rtEventually(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, why)
-		}
-		<-tick.C
-	}
-}
-
-// rtAligned returns a clock that runs at real speed, shifted so that it
-// reads into past the start of a window of length w right now: a test on
-// it knows where it stands in the window without waiting for a boundary.
-func rtAligned(w, into time.Duration) func() time.Time {
-	now := time.Now()
-	wn := w.Nanoseconds()
-	off := time.Duration(wn - now.UnixNano()%wn + into.Nanoseconds())
-	return func() time.Time { return time.Now().Add(off) }
-}
-
 // rtState returns peer's state in n's view, or "absent".
 func rtState(n *node.Node, peer string) string {
 	for _, p := range n.Peers() {
@@ -77,7 +49,7 @@ func rtState(n *node.Node, peer string) string {
 // rtMeshed waits until every node sees every other one alive.
 func rtMeshed(t testing.TB, ns map[string]*node.Node) {
 	t.Helper()
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		for a, na := range ns {
 			for b := range ns {
 				if s := rtState(na, b); a != b && s != "alive" {
@@ -271,7 +243,7 @@ func TestThreeNodesHoldTheLimit(t *testing.T) {
 
 	// Every node converges on the same merged usage, which is what the
 	// test counted.
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		var first node.UsageReport
 		for i, p := range peers {
 			rep, err := ns[p].Usage("total", "k")
@@ -293,7 +265,7 @@ func TestThreeNodesHoldTheLimit(t *testing.T) {
 
 func TestAllowAllIsAllOrNothing(t *testing.T) {
 	cfg := rtConfig(memnet.NewHub(), "a", fixedRule("wide", 5, 10*time.Second), fixedRule("narrow", 2, 10*time.Second))
-	cfg.Clock = rtAligned(10*time.Second, 10*time.Millisecond)
+	cfg.Clock = testutil.AlignedClock(10*time.Second, 10*time.Millisecond)
 	n := rtStart(t, cfg)
 	ctx := context.Background()
 	for i := range 2 {
@@ -340,7 +312,7 @@ func TestAllowAllIsAllOrNothing(t *testing.T) {
 func TestWait(t *testing.T) {
 	const window = time.Second
 	cfg := rtConfig(memnet.NewHub(), "a", fixedRule("api", 2, window))
-	cfg.Clock = rtAligned(window, 20*time.Millisecond)
+	cfg.Clock = testutil.AlignedClock(window, 20*time.Millisecond)
 	n := rtStart(t, cfg)
 	ctx := context.Background()
 	for range 2 {
@@ -433,7 +405,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 			return err == nil && rep.Total == want, fmt.Sprintf("Usage = %+v, %v; want %d live", rep, err, want)
 		}
 	}
-	rtEventually(t, 5*time.Second, usage(b, 1))
+	testutil.Eventually(t, 5*time.Second, usage(b, 1))
 
 	if ttl, err := l.Renew(ctx); err != nil || ttl != time.Second {
 		t.Errorf("Renew = %v, %v; want the 1s lease TTL", ttl, err)
@@ -454,7 +426,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 	if _, err := l.Renew(ctx); !errors.Is(err, node.ErrUnknownLease) {
 		t.Errorf("Renew after Release = %v, want ErrUnknownLease", err)
 	}
-	rtEventually(t, 5*time.Second, usage(b, 0))
+	testutil.Eventually(t, 5*time.Second, usage(b, 0))
 
 	if _, _, err := a.Acquire(ctx, "api", "k"); !errors.Is(err, limiter.ErrWrongAlgorithm) {
 		t.Errorf("Acquire on a window rule: err = %v, want ErrWrongAlgorithm", err)
@@ -501,7 +473,7 @@ func TestCloseIsAGracefulLeave(t *testing.T) {
 	}
 	// Left comes only from the leave announcement: silence would make a
 	// suspect after suspect_after (2 s), never left.
-	rtEventually(t, time.Second, func() (bool, string) {
+	testutil.Eventually(t, time.Second, func() (bool, string) {
 		for _, p := range []string{"b", "c"} {
 			if s := rtState(ns[p], "a"); s != "left" {
 				return false, fmt.Sprintf("%s sees a %s", p, s)
@@ -621,7 +593,7 @@ func TestPartitionHeals(t *testing.T) {
 		}
 	}
 	hub.Heal("a", "b")
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		var why []string
 		for _, p := range []string{"a", "b"} {
 			rep, err := ns[p].Usage("api", "k")
@@ -646,7 +618,7 @@ func TestDecisionsShareClockReadingsAtHighRates(t *testing.T) {
 	n := rtStart(t, cfg)
 	ctx := context.Background()
 	var lastEnd time.Time
-	rtEventually(t, 10*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		r0 := reads.Load()
 		const burst = 20_000
 		for range burst {
@@ -707,13 +679,13 @@ func TestEvictedMemberTakesNewIncarnation(t *testing.T) {
 	if err := a.Evict("b"); err != nil {
 		t.Fatal(err)
 	}
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		inc := b.Incarnation()
 		saved, err := store.LoadIncarnation(context.Background())
 		return inc > before && saved == inc, fmt.Sprintf("b's incarnation %d (was %d), saved %d, %v", inc, before, saved, err)
 	})
 	// a takes b's new incarnation as a member again.
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		for _, p := range a.Peers() {
 			if p.Peer == "b" {
 				return p.State == node.Alive && p.Incarnation == b.Incarnation(), fmt.Sprintf("a sees b %+v", p)
@@ -753,7 +725,7 @@ func TestMembershipChangesAreLogged(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rtEventually(t, 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		log := buf.String()
 		ok := strings.Contains(log, "msg=member peer=a member=b") && strings.Contains(log, "state=alive new=true") &&
 			strings.Contains(log, "from=alive state=left")
