@@ -60,7 +60,7 @@ func start(t *testing.T, desc *envoy.Descriptors) *fixture {
 	t.Helper()
 	hub := memnet.NewHub()
 	cfg := node.DefaultConfig()
-	cfg.Peer, cfg.Transport, cfg.Seed = "p1", hub.Transport("p1"), 7
+	cfg.Peer, cfg.Transport = "p1", hub.Transport("p1")
 	cfg.Rules = desc.Rules()
 	cfg.Clock = func() time.Time { return t0 }
 	if len(cfg.Rules) == 0 {

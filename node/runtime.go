@@ -39,12 +39,6 @@ type Config struct {
 	// Logger receives membership changes, joins, skew and transport
 	// errors. Nil discards them.
 	Logger *slog.Logger
-	// Seed has no effect: nothing in a member draws random numbers. (The
-	// share lottery's draws are stratified over the mesh from a hash
-	// every member computes alike from the key and the window; see
-	// limiter.Limiter.Decide.) Leave it unset: it remains only while
-	// tests elsewhere still set it, and will go.
-	Seed uint64
 	// Clock is the local clock. Nil means time.Now. Tests may inject a
 	// clock that runs at real speed with an offset; timers (ticks, Wait)
 	// run on real time whatever the clock says.

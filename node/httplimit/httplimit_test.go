@@ -31,7 +31,6 @@ func startNode(t *testing.T, rules ...limiter.Rule) *node.Node {
 	t.Helper()
 	cfg := node.DefaultConfig()
 	cfg.Peer, cfg.Rules, cfg.Transport = "a", rules, memnet.NewHub().Transport("a")
-	cfg.Seed = 1
 	cfg.Clock = frozenAt(10*time.Second, 2100*time.Millisecond)
 	n, err := node.Start(context.Background(), cfg)
 	if err != nil {

@@ -61,7 +61,6 @@ func startNode(t testing.TB, clock func() time.Time, rules ...limiter.Rule) *nod
 	t.Helper()
 	cfg := node.DefaultConfig()
 	cfg.Peer, cfg.Rules, cfg.Transport = "a", rules, memnet.NewHub().Transport("a")
-	cfg.Seed = 1
 	if clock != nil {
 		cfg.Clock = clock
 	}
