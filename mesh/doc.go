@@ -73,8 +73,11 @@
 // connected subscriber, mesh or not, so nothing it publishes while the
 // topic mesh forms is lost to an empty mesh; what others relay before
 // their mesh forms can still be lost, and anti-entropy on connect covers
-// it) and queues raised from 32 to QueueSize; the subscription is read in
-// its own goroutine.
+// it), a small topic mesh that relays each batch to at most 3 peers and
+// no IHAVE/IWANT gossip (GossipSubParams: members connect to each other,
+// so flood publishing already delivers, and ratemesh's nacks recover a
+// lost batch), and queues raised from 32 to QueueSize (PubSubOptions);
+// the subscription is read in its own goroutine.
 //
 // The topic validator admits a message only if it is at most
 // MaxMessageBytes, decodes with the strict crdt.DecodeBatch, names its

@@ -176,18 +176,7 @@ func New(cfg Config) (*Mesh, error) {
 		_ = m.h.Close()
 		return nil, err
 	}
-	params := pubsub.DefaultGossipSubParams()
-	params.HeartbeatInterval = cfg.GossipHeartbeat
-	params.HeartbeatInitialDelay = cfg.GossipHeartbeat
-	ps, err := pubsub.NewGossipSub(m.ctx, m.h,
-		pubsub.WithGossipSubParams(params),
-		pubsub.WithFloodPublish(true),
-		pubsub.WithMessageSignaturePolicy(pubsub.StrictSign),
-		pubsub.WithPeerOutboundQueueSize(cfg.QueueSize),
-		pubsub.WithValidateQueueSize(cfg.QueueSize),
-		pubsub.WithMaxMessageSize(cfg.MaxMessageBytes+rpcOverhead),
-		pubsub.WithRawTracer(m.trace),
-	)
+	ps, err := pubsub.NewGossipSub(m.ctx, m.h, append(PubSubOptions(cfg), pubsub.WithRawTracer(m.trace))...)
 	if err != nil {
 		m.cancel()
 		_ = m.h.Close()
