@@ -449,3 +449,30 @@ func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch 
 	out[len(out)-1].Flags |= crdt.FlagLast
 	return out
 }
+
+// Pending reports whether own changes wait for the next gossip batch:
+// values a decision, a lease or a nack marked dirty, or a nack's request
+// to publish everything again. False after Leave.
+func (c *Core) Pending() bool {
+	return !c.closed && (c.c.Dirty() > 0 || c.out.resendAll)
+}
+
+// LastPublished returns the local time the latest gossip batch was built
+// at, by Tick, Flush or Leave; zero before the first.
+func (c *Core) LastPublished() time.Time { return c.out.lastSent }
+
+// Flush returns in Messages, at now, the batch a sync would publish — own
+// pending changes, a due repair, what the batch owes (acknowledgement,
+// nacks, echoes) — ahead of the sync tick, and moves the next sync to
+// SyncInterval after now: a sync that came early. It returns nothing, and
+// changes nothing, when no own change is pending (Pending) or after
+// Leave. The runtime calls it on the leading edge of a change
+// (Config.PublishGap); the simulator does not, and publishes on the tick
+// alone.
+func (c *Core) Flush(now time.Time) Ready {
+	if !c.Pending() {
+		return Ready{}
+	}
+	c.out.nextSync = now.Add(c.cfg.SyncInterval)
+	return Ready{Messages: c.flush(now, 0)}
+}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/limiter"
 )
 
@@ -50,6 +51,17 @@ type Config struct {
 	// together. A call still running then is abandoned and Close returns
 	// an error wrapping ErrPersist. 0 means 2 s.
 	StoreTimeout time.Duration
+	// PublishGap is the least time between two gossip batches of this
+	// member: the leading edge of a change. A change — a decision, a
+	// lease, a nack to serve — is published at once when the member's
+	// last batch is at least PublishGap old, and otherwise PublishGap
+	// after that batch, with every change made meanwhile; the sync tick
+	// (SyncInterval) still publishes heartbeats, acknowledgements and
+	// whatever is pending. Under a steady load the member thus publishes
+	// every PublishGap, and a sparse change goes out without waiting.
+	// 0 means SyncInterval/2; a negative value turns the leading edge off,
+	// leaving changes to the tick (as the simulator's cores publish).
+	PublishGap time.Duration
 	// StartJoining makes Start return as soon as the transport is up,
 	// without waiting for the join: until it is ready the node answers
 	// every decision with a denial of reason ReasonJoining whose
@@ -108,6 +120,9 @@ func (c *Config) fillDefaults() {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
+	if c.PublishGap == 0 {
+		c.PublishGap = c.SyncInterval / 2
+	}
 	c.fillPersistDefaults()
 }
 
@@ -146,6 +161,12 @@ type Node struct {
 	shared    int       // decisions that shared last so far
 	decisions int       // decisions since the last tick
 	lastTick  time.Time
+	// pubArmed, guarded by mu, is set once the run loop has been told
+	// (pubSig) that changes may be pending, and cleared when it finds
+	// none or has published them: the leading edge of the next change
+	// wakes it again. Always set when PublishGap is negative.
+	pubArmed bool
+	pubSig   chan struct{} // capacity 1
 
 	inbox    chan Inbound
 	connects chan string
@@ -220,6 +241,8 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		readyCh:  make(chan struct{}),
 		persist:  pers,
 		fwdBusy:  make(map[string]struct{}),
+		pubSig:   make(chan struct{}, 1),
+		pubArmed: cfg.PublishGap < 0,
 	}
 	n.fwd, _ = cfg.Transport.(Forwarder)
 	if err := cfg.Transport.Start(ctx, handler{n}); err != nil {
@@ -301,21 +324,90 @@ func (n *Node) readClock() time.Time {
 	return n.last
 }
 
-// decisionTime returns the time of one decision. mu must be held. Its
+// decisionTime returns the time of one decision, and tells the run loop
+// that the decision may leave a change to publish. mu must be held. Its
 // common path is small enough to inline.
 func (n *Node) decisionTime() time.Time {
 	n.decisions++
+	if n.shared < n.share && n.pubArmed {
+		n.shared++
+		return n.last
+	}
+	return n.decisionTimeSlow()
+}
+
+// decisionTimeSlow is the rest of decisionTime, kept out of line so that
+// decisionTime inlines: it wakes the run loop unless it is woken already,
+// and reads Clock unless the decision may share the last reading.
+//
+//go:noinline
+func (n *Node) decisionTimeSlow() time.Time {
+	if !n.pubArmed {
+		n.armPublish()
+	}
 	if n.shared < n.share {
 		n.shared++
 		return n.last
 	}
-	return n.readClockSlow()
+	return n.readClock()
 }
 
-// readClockSlow is readClock kept out of line, so decisionTime inlines.
-//
-//go:noinline
-func (n *Node) readClockSlow() time.Time { return n.readClock() }
+// armPublish wakes the run loop to publish the changes about to be made
+// (see Config.PublishGap), unless it has been woken already. mu must be
+// held.
+func (n *Node) armPublish() {
+	n.pubArmed = true
+	select {
+	case n.pubSig <- struct{}{}:
+	default:
+	}
+}
+
+// publishWait returns how long after now a change may be published when
+// the member's last batch was built at last and batches are at least gap
+// apart: 0 once gap has passed (or before any batch), never more than gap
+// (a clock that stepped back does not hold changes longer).
+func publishWait(now, last time.Time, gap time.Duration) time.Duration {
+	if last.IsZero() {
+		return 0
+	}
+	return min(max(last.Add(gap).Sub(now), 0), gap)
+}
+
+// publishEarly publishes the pending changes when the member's last batch
+// is at least PublishGap old (Core.Flush) and returns 0, or returns how
+// long until it is. With nothing pending it disarms the leading edge and
+// returns 0.
+func (n *Node) publishEarly() time.Duration {
+	n.mu.Lock()
+	if !n.core.Pending() {
+		n.pubArmed = false
+		n.mu.Unlock()
+		return 0
+	}
+	now := n.readClock()
+	if wait := publishWait(now, n.core.LastPublished(), n.cfg.PublishGap); wait > 0 {
+		n.mu.Unlock()
+		return wait
+	}
+	rd := n.core.Flush(now)
+	n.pubArmed = false
+	n.mu.Unlock()
+	n.publish(rd.Messages)
+	return 0
+}
+
+// publish publishes bs in order, stopping at the first failure.
+func (n *Node) publish(bs []*crdt.Batch) {
+	for _, b := range bs {
+		if err := n.cfg.Transport.Publish(n.ctx, b); err != nil {
+			if n.ctx.Err() == nil {
+				n.log.Warn("publish", "err", err)
+			}
+			return
+		}
+	}
+}
 
 // retune switches shared readings on or off by the decision rate since
 // the last tick at now. mu must be held.
@@ -329,11 +421,24 @@ func (n *Node) retune(now time.Time) {
 	}
 }
 
-// run is the loop that owns the core's background work.
+// run is the loop that owns the core's background work: merges, full
+// states for new connections, the core's ticks, and the leading edge of
+// changes (publishEarly), woken by pubSig and then by edge until the
+// changes are out.
 func (n *Node) run() {
 	defer close(n.loopDone)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	edge := time.NewTimer(time.Hour)
+	edge.Stop()
+	defer edge.Stop()
+	edgeSet := false
+	early := func() {
+		if wait := n.publishEarly(); wait > 0 {
+			edge.Reset(wait)
+			edgeSet = true
+		}
+	}
 	for {
 		select {
 		case <-n.quit:
@@ -344,6 +449,13 @@ func (n *Node) run() {
 			n.answer(peer)
 		case <-timer.C:
 			timer.Reset(n.tick())
+		case <-n.pubSig:
+			if !edgeSet { // else the edge timer publishes them
+				early()
+			}
+		case <-edge.C:
+			edgeSet = false
+			early()
 		}
 	}
 }
@@ -371,6 +483,9 @@ func (n *Node) step(in Inbound) {
 	}
 	ready := n.core.Ready()
 	n.noteHealth()
+	if !n.pubArmed && n.core.Pending() {
+		n.armPublish() // a nack asked for values again
+	}
 	n.mu.Unlock()
 	if ready {
 		n.markReady() // the next tick's Ready.Joined logs it
@@ -453,6 +568,9 @@ func (n *Node) tick() time.Duration {
 	if len(n.waiters) > 0 {
 		n.wake(now) // acknowledgements applied, leases expired, windows turned: decide held requests again
 	}
+	if !n.pubArmed && n.core.Pending() {
+		n.armPublish() // held requests decided again
+	}
 	n.noteHealth()
 	n.mu.Unlock()
 	if f := rd.Fence; f != nil {
@@ -462,14 +580,7 @@ func (n *Node) tick() time.Duration {
 			n.log.Warn("fence lifted; serving again once the members heard again have sent their state", "alive", f.Alive, "members", f.Live)
 		}
 	}
-	for _, b := range rd.Messages {
-		if err := n.cfg.Transport.Publish(n.ctx, b); err != nil {
-			if n.ctx.Err() == nil {
-				n.log.Warn("publish", "err", err)
-			}
-			break
-		}
-	}
+	n.publish(rd.Messages)
 	n.sendDirect(rd.Direct) // relays of our whole view
 	var again []string
 	for _, c := range rd.Changes {
@@ -656,6 +767,9 @@ func (n *Node) Wait(ctx context.Context, rule, key string, opts ...Option) (Deci
 			return Decision{}, ErrClosed
 		}
 		now := n.readClock()
+		if !n.pubArmed {
+			n.armPublish()
+		}
 		if first && maxWait >= 0 {
 			until = now.Add(maxWait)
 		}
