@@ -7,9 +7,13 @@ package mesh
 // propagation p99 is the wait for the sync tick. Findings are in
 // docs/wire-cost-notes.md. The experiments are skipped unless
 // RATEMESH_EXPERIMENT=1; RATEMESH_VARIANTS (comma-separated names) picks
-// variants. Run without -race:
+// variants, RATEMESH_SECONDS the seconds of load. The variant "default" is
+// mesh.New's router (GossipSubParams) and the runtime's defaults (the
+// leading edge); "legacy" is the default before issue 17, and the
+// variants of the notes' tables change it. Run without -race, a few
+// variants per process:
 //
-//	RATEMESH_EXPERIMENT=1 go test -run TestWireExperiment -v -count=1 ./mesh/
+//	RATEMESH_EXPERIMENT=1 RATEMESH_SECONDS=2 RATEMESH_VARIANTS=default,legacy go test -run 'TestWireExperiment$' -v -count=1 ./mesh/
 //	RATEMESH_EXPERIMENT=1 go test -run TestWireEncoding -v -count=1 ./mesh/
 
 import (
@@ -53,13 +57,29 @@ type wireVariant struct {
 	name      string
 	namespace string // "" = "default" (topic /ratemesh/1/default)
 	sync      time.Duration
-	flood     bool
-	params    func(p *pubsub.GossipSubParams)
-	shortID   bool // message ID = 12 bytes of sha256(from‖seqno)
+	// gap is the runtime's node.Config.PublishGap: 0 its default (the
+	// leading edge, sync/2), -1 publishing on the sync tick alone.
+	gap   time.Duration
+	flood bool
+	// libp2p starts the router from go-libp2p-pubsub's own parameters
+	// (D 6, Dlo 5, Dhi 12, Dout 2, gossip to 6 peers or a quarter) instead
+	// of GossipSubParams, as mesh.New did before issue 17; params then
+	// changes what it names.
+	libp2p  bool
+	params  func(p *pubsub.GossipSubParams)
+	shortID bool // message ID = 12 bytes of sha256(from‖seqno)
 }
 
+// defaultVariant is mesh.New's router and the runtime's defaults.
 func defaultVariant() wireVariant {
 	return wireVariant{name: "default", sync: 20 * time.Millisecond, flood: true}
+}
+
+// legacyVariant is the default before issue 17: libp2p's parameters, and
+// changes published on the 20 ms sync tick alone. The variants measured
+// in docs/wire-cost-notes.md, sections 2 and 3, change it.
+func legacyVariant() wireVariant {
+	return wireVariant{name: "legacy", sync: 20 * time.Millisecond, gap: -1, flood: true, libp2p: true}
 }
 
 // d sets a small mesh degree; validate wants Dout < Dlo and Dout < D/2.
@@ -87,6 +107,12 @@ func idontwantAll(p *pubsub.GossipSubParams) {
 
 func wireVariants() []wireVariant {
 	v := func(name string, f func(*wireVariant)) wireVariant {
+		x := legacyVariant()
+		x.name = name
+		f(&x)
+		return x
+	}
+	cur := func(name string, f func(*wireVariant)) wireVariant {
 		x := defaultVariant()
 		x.name = name
 		f(&x)
@@ -94,6 +120,19 @@ func wireVariants() []wireVariant {
 	}
 	return []wireVariant{
 		defaultVariant(),
+		// Today's defaults without one of their parts.
+		cur("tick", func(x *wireVariant) { x.gap = -1 }),
+		cur("Dhi3", func(x *wireVariant) { x.params = func(p *pubsub.GossipSubParams) { p.Dhi, p.Dscore = 3, 3 } }),
+		cur("Dhi3+tick", func(x *wireVariant) {
+			x.params = func(p *pubsub.GossipSubParams) { p.Dhi, p.Dscore = 3, 3 }
+			x.gap = -1
+		}),
+		cur("gossip", func(x *wireVariant) {
+			x.params = func(p *pubsub.GossipSubParams) { p.Dlazy, p.GossipFactor = 6, 0.25 }
+		}),
+		cur("libp2p-router", func(x *wireVariant) { x.libp2p = true }),
+		// The variants of docs/wire-cost-notes.md, from the legacy default.
+		legacyVariant(),
 		v("sync10ms", func(x *wireVariant) { x.sync = 10 * time.Millisecond }),
 		v("sync50ms", func(x *wireVariant) { x.sync = 50 * time.Millisecond }),
 		v("sync100ms", func(x *wireVariant) { x.sync = 100 * time.Millisecond }),
@@ -458,9 +497,12 @@ func runWireVariant(t *testing.T, v wireVariant, n int, dur time.Duration) wireR
 		t.Cleanup(func() { h.Close() })
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
-		params := pubsub.DefaultGossipSubParams()
-		params.HeartbeatInterval = 100 * time.Millisecond
-		params.HeartbeatInitialDelay = 100 * time.Millisecond
+		params := GossipSubParams(100 * time.Millisecond)
+		if v.libp2p {
+			params = pubsub.DefaultGossipSubParams()
+			params.HeartbeatInterval = 100 * time.Millisecond
+			params.HeartbeatInitialDelay = 100 * time.Millisecond
+		}
 		if v.params != nil {
 			v.params(&params)
 		}
@@ -502,6 +544,7 @@ func runWireVariant(t *testing.T, v wireVariant, n int, dur time.Duration) wireR
 		ncfg := node.DefaultConfig()
 		ncfg.Peer, ncfg.Rules, ncfg.Join = m.PeerID(), rules, i > 0
 		ncfg.SyncInterval = v.sync
+		ncfg.PublishGap = v.gap
 		ncfg.Transport = stampTransport{m, st}
 		sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
 		nd, err := node.Start(sctx, ncfg)
