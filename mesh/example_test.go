@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/libp2p/go-libp2p"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 
 	"github.com/ratemesh/ratemesh/limiter"
@@ -64,4 +66,35 @@ func Example() {
 	// Output:
 	// b joined and sees 2 of 100 used
 	// b admits one more: true
+}
+
+// A service that runs its own libp2p host and gossipsub router builds the
+// router with ratemesh's options before attaching a member to it (when
+// its own topics can live with them: they apply to every topic of the
+// router), so that ratemesh's gossip costs what it costs under mesh.New.
+func ExamplePubSubOptions() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer h.Close()
+	mcfg := mesh.DefaultConfig()
+	mcfg.Listen = nil // the service's host listens
+	mcfg.Logger = slog.New(slog.DiscardHandler)
+	// The service's router, for all its topics:
+	ps, err := pubsub.NewGossipSub(ctx, h, mesh.PubSubOptions(mcfg)...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	m, err := mesh.Attach(h, ps, mcfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	p := mesh.GossipSubParams(mcfg.GossipHeartbeat)
+	fmt.Println(m.Topic(), "D", p.D, "Dhi", p.Dhi, "Dlazy", p.Dlazy)
+	// Output:
+	// /ratemesh/1/default D 2 Dhi 3 Dlazy 0
 }
