@@ -511,4 +511,3 @@ func (n *Network) Drain() error {
 		}
 	}
 }
-
