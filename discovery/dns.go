@@ -26,6 +26,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ratemesh/ratemesh/config"
 )
 
 // Resolver resolves a name to addresses; *net.Resolver is one. Calls may
@@ -78,10 +80,9 @@ func New(cfg Config) (*DNS, error) {
 	}
 	d := &DNS{cfg: cfg}
 	for _, t := range cfg.Targets {
-		h, p, err := net.SplitHostPort(t)
-		n, perr := strconv.Atoi(p)
-		if err != nil || perr != nil || h == "" || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("discovery: target %q: want HOST:PORT", t)
+		h, n, err := config.SplitDNS(t)
+		if err != nil {
+			return nil, fmt.Errorf("discovery: target %q: %w", t, err)
 		}
 		d.targets = append(d.targets, target{h, n})
 	}

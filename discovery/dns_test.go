@@ -234,8 +234,9 @@ func TestDNSDiscovery(t *testing.T) {
 
 func TestNewRefusesBadTargets(t *testing.T) {
 	for _, tg := range []string{"ratemesh", "ratemesh:0", ":8080", "ratemesh:http"} {
-		if _, err := discovery.New(discovery.Config{Targets: []string{tg}, Self: "x", Connect: func(context.Context, string) error { return nil }}); err == nil {
-			t.Errorf("%q accepted", tg)
+		_, err := discovery.New(discovery.Config{Targets: []string{tg}, Self: "x", Connect: func(context.Context, string) error { return nil }})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("target %q: want dns:HOST:PORT", tg)) {
+			t.Errorf("%q: error %v, want one naming the target and the form", tg, err)
 		}
 	}
 	if _, err := discovery.New(discovery.Config{Targets: []string{"a:1"}}); err == nil {

@@ -9,11 +9,9 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -21,6 +19,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/internal/p2ptest"
 	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
@@ -38,43 +37,19 @@ const (
 type service struct {
 	h     host.Host
 	ps    *pubsub.PubSub
-	topic *pubsub.Topic
-
-	mu  sync.Mutex
-	got map[string]bool // service-topic messages received
+	topic *p2ptest.Topic
 }
 
 func newService(t testing.TB, opts ...pubsub.Option) *service {
 	t.Helper()
-	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := p2ptest.Host(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); _ = h.Close() })
+	t.Cleanup(cancel)
 	ps, err := pubsub.NewGossipSub(ctx, h, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &service{h: h, ps: ps, got: map[string]bool{}}
-	if s.topic, err = ps.Join(svcTopic); err != nil {
-		t.Fatal(err)
-	}
-	sub, err := s.topic.Subscribe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			msg, err := sub.Next(ctx)
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.got[string(msg.Data)] = true
-			s.mu.Unlock()
-		}
-	}()
+	s := &service{h: h, ps: ps, topic: p2ptest.Join(t, ps, svcTopic)}
 	h.SetStreamHandler(svcProto, func(st network.Stream) {
 		defer st.Close()
 		line, err := bufio.NewReader(st).ReadString('\n')
@@ -87,19 +62,9 @@ func newService(t testing.TB, opts ...pubsub.Option) *service {
 	return s
 }
 
-func (s *service) received(msg string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.got[msg]
-}
-
 func (s *service) connect(t testing.TB, o *service) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := s.h.Connect(ctx, peer.AddrInfo{ID: o.h.ID(), Addrs: o.h.Addrs()}); err != nil {
-		t.Fatal(err)
-	}
+	p2ptest.Connect(t, s.h, o.h)
 }
 
 // echo calls o's echo protocol from s.
@@ -136,7 +101,7 @@ func checkService(t *testing.T, s, o *service, when string) {
 		// Gossipsub may drop what is published before its mesh forms;
 		// a later message then arrives.
 		for i := 1; i <= n; i++ {
-			if o.received(fmt.Sprintf("%s-%d", when, i)) {
+			if o.topic.Received(fmt.Sprintf("%s-%d", when, i)) {
 				return true, when + ": a service-topic message arrives"
 			}
 		}
@@ -297,11 +262,7 @@ func TestAttachRefusesUnsafePubSub(t *testing.T) {
 		}, "remove pubsub.WithMessageAuthor"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer h.Close()
+			h := p2ptest.Host(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			ps, err := pubsub.NewGossipSub(ctx, h, tc.opts(h)...)

@@ -22,7 +22,7 @@ import (
 // 5xx answer into an error carrying the server's message.
 
 // apiBase turns an --api value, HOST:PORT or a URL, into the base URL the
-// paths of DESIGN.md's API are appended to.
+// paths of the HTTP API (docs/http-api.md) are appended to.
 func apiBase(addr string) (string, error) {
 	addr = strings.TrimSpace(addr)
 	if addr == "" {

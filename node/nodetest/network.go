@@ -511,6 +511,3 @@ func (n *Network) Drain() error {
 		}
 	}
 }
-
-// InFlight returns how many deliveries are queued or held.
-func (n *Network) InFlight() int { return n.queue.n + len(n.held) }

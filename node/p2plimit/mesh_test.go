@@ -12,6 +12,7 @@ import (
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/host"
 
+	"github.com/ratemesh/ratemesh/internal/p2ptest"
 	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
@@ -25,12 +26,9 @@ import (
 type svc struct {
 	h     host.Host
 	ps    *pubsub.PubSub
-	topic *pubsub.Topic
+	topic *p2ptest.Topic // the service's own topic
 	m     *mesh.Mesh
 	n     *node.Node
-
-	mu   sync.Mutex
-	news map[string]bool // the service's own topic, received
 }
 
 const newsTopic = "/svc/news"
@@ -43,31 +41,14 @@ func startServices(t *testing.T, count int, rules []limiter.Rule, tl *windowTall
 	t.Helper()
 	var out []*svc
 	for i := range count {
-		s := &svc{h: newHost(t), news: map[string]bool{}}
+		s := &svc{h: p2ptest.Host(t)}
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
 		var err error
 		if s.ps, err = pubsub.NewGossipSub(ctx, s.h); err != nil {
 			t.Fatal(err)
 		}
-		if s.topic, err = s.ps.Join(newsTopic); err != nil {
-			t.Fatal(err)
-		}
-		sub, err := s.topic.Subscribe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			for {
-				msg, err := sub.Next(ctx)
-				if err != nil {
-					return
-				}
-				s.mu.Lock()
-				s.news[string(msg.Data)] = true
-				s.mu.Unlock()
-			}
-		}()
+		s.topic = p2ptest.Join(t, s.ps, newsTopic)
 
 		mcfg := mesh.DefaultConfig()
 		mcfg.Namespace, mcfg.Listen = "p2plimit-test", nil
@@ -120,12 +101,6 @@ func stateOf(n *node.Node, p string) string {
 		}
 	}
 	return "absent"
-}
-
-func (s *svc) heard(msg string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.news[msg]
 }
 
 // windowTally counts admitted and offered streams per key and window.
@@ -220,11 +195,11 @@ func TestThreeHostsOnePerPeerLimit(t *testing.T) {
 		otherErr                atomic.Value
 		due                     chan struct{}
 	}
-	clients := []*client{{h: newHost(t), offered: 3 * float64(limit)}, {h: newHost(t), offered: 2 * float64(limit)}}
+	clients := []*client{{h: p2ptest.Host(t), offered: 3 * float64(limit)}, {h: p2ptest.Host(t), offered: 2 * float64(limit)}}
 	var wg sync.WaitGroup
 	for _, c := range clients {
 		for _, s := range svcs {
-			connect(t, c.h, s.h)
+			p2ptest.Connect(t, c.h, s.h)
 		}
 		c.due = make(chan struct{}, 256)
 		for range workers {
@@ -337,7 +312,7 @@ func TestThreeHostsOnePerPeerLimit(t *testing.T) {
 				}
 				heard, lastSecond := 0, false
 				for r := 1; r <= last; r++ {
-					if o.heard(fmt.Sprintf("news-%d-%d", i, r)) {
+					if o.topic.Received(fmt.Sprintf("news-%d-%d", i, r)) {
 						heard++
 						lastSecond = lastSecond || r > last-10
 					}

@@ -11,13 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-yamux/v5"
 
+	"github.com/ratemesh/ratemesh/internal/p2ptest"
 	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
@@ -26,26 +26,6 @@ import (
 )
 
 const echoProto = protocol.ID("/test/echo/1.0.0")
-
-// newHost starts a libp2p host on loopback TCP, closed when the test ends.
-func newHost(t testing.TB) host.Host {
-	t.Helper()
-	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = h.Close() })
-	return h
-}
-
-func connect(t testing.TB, a, b host.Host) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := a.Connect(ctx, peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // frozenAt returns a clock stopped into past the start of a window of
 // length w, so that a test's requests all fall in one window.
@@ -142,9 +122,9 @@ func code(t testing.TB, err error) network.StreamErrorCode {
 func TestDeniedStreamsResetWithCode(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, frozenAt(time.Hour, time.Minute), fixed("echo", 3))
-	srv, c1, c2 := newHost(t), newHost(t), newHost(t)
-	connect(t, c1, srv)
-	connect(t, c2, srv)
+	srv, c1, c2 := p2ptest.Host(t), p2ptest.Host(t), p2ptest.Host(t)
+	p2ptest.Connect(t, c1, srv)
+	p2ptest.Connect(t, c2, srv)
 	cfg := p2plimit.DefaultConfig()
 	cfg.Rule = "echo"
 	var calls atomic.Int64
@@ -190,9 +170,9 @@ func TestKeysAndClasses(t *testing.T) {
 	rule := fixed("echo", 4)
 	rule.Classes = map[string]limiter.Class{"own": {Unlimited: true}}
 	n := startNode(t, frozenAt(time.Hour, time.Minute), rule)
-	srv, c1, c2, own := newHost(t), newHost(t), newHost(t), newHost(t)
+	srv, c1, c2, own := p2ptest.Host(t), p2ptest.Host(t), p2ptest.Host(t), p2ptest.Host(t)
 	for _, c := range []host.Host{c1, c2, own} {
-		connect(t, c, srv)
+		p2ptest.Connect(t, c, srv)
 	}
 	var calls atomic.Int64
 	byIP := p2plimit.DefaultConfig()
@@ -254,8 +234,8 @@ func TestErrors(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, frozenAt(time.Hour, time.Minute), fixed("echo", 100),
 		limiter.Rule{Name: "conc", Algorithm: limiter.Concurrency, Limit: 1})
-	srv, c := newHost(t), newHost(t)
-	connect(t, c, srv)
+	srv, c := p2ptest.Host(t), p2ptest.Host(t)
+	p2ptest.Connect(t, c, srv)
 	var calls atomic.Int64
 	for _, tc := range []struct {
 		name string
@@ -386,7 +366,7 @@ func leases(t testing.TB, n *node.Node, key string) uint64 {
 func startConcurrency(t *testing.T, ttl time.Duration, h *holder) (*node.Node, host.Host) {
 	t.Helper()
 	n := startNode(t, nil, limiter.Rule{Name: "conc", Algorithm: limiter.Concurrency, Limit: 2, LeaseTTL: ttl})
-	srv := newHost(t)
+	srv := p2ptest.Host(t)
 	cfg := p2plimit.DefaultConfig()
 	cfg.Rule = "conc"
 	cfg.LeaseCheck = 20 * time.Millisecond
@@ -403,8 +383,8 @@ func TestLeaseReleasedOnCloseAndReset(t *testing.T) {
 	t.Parallel()
 	h := &holder{}
 	n, srv := startConcurrency(t, time.Minute, h)
-	c := newHost(t)
-	connect(t, c, srv)
+	c := p2ptest.Host(t)
+	p2ptest.Connect(t, c, srv)
 	key := c.ID().String()
 
 	a, err := open(c, srv)
@@ -458,8 +438,8 @@ func TestLeaseFreedWhenClientDies(t *testing.T) {
 	h := &holder{stuck: make(chan struct{})}
 	defer close(h.stuck)
 	n, srv := startConcurrency(t, time.Minute, h)
-	c := newHost(t)
-	connect(t, c, srv)
+	c := p2ptest.Host(t)
+	p2ptest.Connect(t, c, srv)
 	key := c.ID().String()
 	for range 2 {
 		if _, err := open(c, srv); err != nil {
@@ -485,8 +465,8 @@ func TestLeaseRenewedWhileOpen(t *testing.T) {
 	t.Parallel()
 	h := &holder{}
 	n, srv := startConcurrency(t, 300*time.Millisecond, h)
-	c := newHost(t)
-	connect(t, c, srv)
+	c := p2ptest.Host(t)
+	p2ptest.Connect(t, c, srv)
 	key := c.ID().String()
 	var held []network.Stream
 	for range 2 {

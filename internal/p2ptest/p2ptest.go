@@ -1,0 +1,86 @@
+// Package p2ptest holds the libp2p fixtures that the tests of mesh and
+// node/p2plimit share: hosts on loopback TCP and a gossipsub topic whose
+// messages are recorded, standing for a service's own traffic beside
+// ratemesh's.
+package p2ptest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// Host returns a libp2p host listening on 127.0.0.1 (TCP, an ephemeral
+// port, no relay), closed when the test ends.
+func Host(t testing.TB) host.Host {
+	t.Helper()
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	return h
+}
+
+// Connect connects a to b within 5 s or fails the test.
+func Connect(t testing.TB, a, b host.Host) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Connect(ctx, peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Topic is a joined gossipsub topic whose every received message is
+// recorded until the test ends.
+type Topic struct {
+	*pubsub.Topic
+
+	mu  sync.Mutex
+	got map[string]bool
+}
+
+// Join joins and subscribes to the topic name on ps and records what
+// arrives until the test ends.
+func Join(t testing.TB, ps *pubsub.PubSub, name string) *Topic {
+	t.Helper()
+	topic, err := ps.Join(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := topic.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tp := &Topic{Topic: topic, got: map[string]bool{}}
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			msg, err := sub.Next(ctx)
+			if err != nil {
+				return
+			}
+			tp.mu.Lock()
+			tp.got[string(msg.Data)] = true
+			tp.mu.Unlock()
+		}
+	}()
+	return tp
+}
+
+// Received reports whether a message with data msg has arrived.
+func (tp *Topic) Received(msg string) bool {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return tp.got[msg]
+}
