@@ -132,7 +132,13 @@ func boundWait(ctx context.Context, wait time.Duration) time.Duration {
 func (n *Node) hold(ctx context.Context, deadline time.Time, retry func(time.Time) bool) error {
 	w := &waiter{retry: retry, done: make(chan struct{})}
 	n.mu.Lock()
-	if n.closed || retry(n.readClock()) {
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	settled := retry(n.readClock())
+	n.armIfPending() // the retry may have admitted, or counted an attempt
+	if settled {
 		n.mu.Unlock()
 		return nil
 	}

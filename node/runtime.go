@@ -363,6 +363,15 @@ func (n *Node) armPublish() {
 	}
 }
 
+// armIfPending wakes the run loop to publish when the core holds changes
+// that no decision announced (a nack's request, a held request decided
+// again). mu must be held.
+func (n *Node) armIfPending() {
+	if !n.pubArmed && n.core.Pending() {
+		n.armPublish()
+	}
+}
+
 // publishWait returns how long after now a change may be published when
 // the member's last batch was built at last and batches are at least gap
 // apart: 0 once gap has passed (or before any batch), never more than gap
@@ -483,9 +492,7 @@ func (n *Node) step(in Inbound) {
 	}
 	ready := n.core.Ready()
 	n.noteHealth()
-	if !n.pubArmed && n.core.Pending() {
-		n.armPublish() // a nack asked for values again
-	}
+	n.armIfPending() // a nack asked for values again
 	n.mu.Unlock()
 	if ready {
 		n.markReady() // the next tick's Ready.Joined logs it
@@ -568,9 +575,7 @@ func (n *Node) tick() time.Duration {
 	if len(n.waiters) > 0 {
 		n.wake(now) // acknowledgements applied, leases expired, windows turned: decide held requests again
 	}
-	if !n.pubArmed && n.core.Pending() {
-		n.armPublish() // held requests decided again
-	}
+	n.armIfPending() // held requests decided again
 	n.noteHealth()
 	n.mu.Unlock()
 	if f := rd.Fence; f != nil {
