@@ -33,10 +33,11 @@ type Window struct {
 // place in memory instead of two.
 func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 	a, t := &w.Admitted, &w.Attempted
-	if a.step == 2 && t.step == 2 {
-		if i := 2 * int(id); i < len(a.d32) && i < len(t.d32) && admitted <= math.MaxUint32 && attempted <= math.MaxUint32 {
-			ga := a.raise32(&a.d32[i], admitted)
-			gt := t.raise32(&t.d32[i], attempted)
+	if a.step == 2 && t.step == 2 && a.w == 1 && t.w == 1 {
+		// Interleaved one-byte cells: SlotID i's pair is a.d[2i], t.d[2i].
+		if c := 2 * int(id); c < len(a.d) && c < len(t.d) && admitted <= math.MaxUint8 && attempted <= math.MaxUint8 {
+			ga := a.raise8(&a.d[c], admitted)
+			gt := t.raise8(&t.d[c], attempted)
 			return ga || gt
 		}
 	} else if !a.dense() && !t.dense() && (admitted|attempted) != 0 {
@@ -45,10 +46,10 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 			return w.Raise(id, admitted, attempted)
 		}
 	}
-	if !a.dense() && admitted != 0 && int(id) < int(w.hintAdm) && !a.wide() {
+	if !a.dense() && admitted != 0 && int(id) < int(w.hintAdm) {
 		a.toDense(int(w.hintAdm))
 	}
-	if !t.dense() && attempted != 0 && int(id) < int(w.hintAtt) && !t.wide() {
+	if !t.dense() && attempted != 0 && int(id) < int(w.hintAtt) {
 		t.toDense(int(w.hintAtt))
 	}
 	// Raising to 0 never changes a counter: most slots of a limited key
@@ -60,17 +61,10 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 
 // shouldPair reports whether both (sparse) counters should move into one
 // interleaved array before raising slot id: the window before had them
-// so, or this raise would make each dense on its own. Values beyond 32
-// bits keep them apart.
+// so, or this raise would make each dense on its own.
 func (w *Window) shouldPair(id SlotID, admitted, attempted uint64) bool {
 	a, t := &w.Admitted, &w.Attempted
-	if admitted > math.MaxUint32 || attempted > math.MaxUint32 {
-		return false
-	}
-	if int(id) >= int(w.hintPair) && (!a.wouldDense(id, admitted) || !t.wouldDense(id, attempted)) {
-		return false
-	}
-	return !a.wide() && !t.wide()
+	return int(id) < int(w.hintPair) || (a.wouldDense(id, admitted) && t.wouldDense(id, attempted))
 }
 
 // Series returns the key the window belongs to.

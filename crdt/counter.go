@@ -1,6 +1,7 @@
 package crdt
 
 import (
+	"encoding/binary"
 	"math"
 	"math/bits"
 )
@@ -16,8 +17,9 @@ const (
 	// a dense array: below it, a sorted slice is smaller and as fast.
 	denseMin = 16
 	// denseSpan bounds the dense array: a counter switches to it when its
-	// largest SlotID is below denseSpan × its slots (4 bytes per SlotID
-	// against 16 per slot of the sorted slice, so at most 4× the memory),
+	// largest SlotID is below denseSpan × its slots (a cell of 1 to 8
+	// bytes per SlotID against 16 per slot of the sorted slice, so at most
+	// 2 to 16× the memory),
 	// and goes back to sorted when a raise would grow it past twice that.
 	denseSpan = 32
 )
@@ -29,18 +31,21 @@ const (
 // A counter with few writers keeps its slots in a slice sorted by SlotID.
 // Once it has many writers and their SlotIDs are dense enough (SlotIDs are
 // a replica's interned indices, small and dense), it keeps its values in an
-// array indexed by SlotID instead — 32-bit while every value fits, 64-bit
-// after — so that a merge at a thousand writers is one memory access, not a
-// binary search and an insertion. A window's two counters may share one
-// array, interleaved (see Window.Raise). The representation never shows:
-// every method behaves the same in each.
+// array indexed by SlotID instead, so that a merge at a thousand writers is
+// one memory access, not a binary search and an insertion. The array's
+// cells are as narrow as its values allow — 1, 2, 4 or 8 bytes, widened
+// when a value outgrows them — because at a thousand writers the counters
+// are most of a replica's memory and each merge's cost is the cache miss
+// on its cell: a window's counts per writer are mostly small. A window's
+// two counters may share one array, interleaved (see Window.Raise). The
+// representation never shows: every method behaves the same in each.
 //
 // The zero value is an empty counter, ready to use.
 type GCounter struct {
 	vals  []slotVal // sparse: non-zero slots, sorted by SlotID (nil when dense)
-	d32   []uint32  // dense: the value of SlotID i is d32[i*step], every value < 1<<32
-	d64   []uint64  // dense wide: the value of SlotID i is d64[i]
-	step  int       // d32's stride: 2 when interleaved with the window's other counter
+	d     []byte    // dense: little-endian cells of w bytes; SlotID i's value is cell i*step
+	w     uint8     // dense: cell width in bytes, 1, 2, 4 or 8 (0 when sparse)
+	step  uint8     // dense: 1, or 2 when interleaved with the window's other counter
 	n     int       // non-zero slots when dense
 	total uint64
 }
@@ -70,14 +75,55 @@ func (g *GCounter) find(id SlotID) (int, bool) {
 }
 
 // dense reports whether the counter holds an array by SlotID.
-func (g *GCounter) dense() bool { return g.d32 != nil || g.d64 != nil }
+func (g *GCounter) dense() bool { return g.w != 0 }
+
+// cells returns how many cells a dense counter's array holds.
+func (g *GCounter) cells() int { return len(g.d) / int(g.w) }
 
 // ids returns how many SlotIDs a dense counter's array covers.
-func (g *GCounter) ids() int {
-	if g.d32 != nil {
-		return (len(g.d32) + g.step - 1) / g.step
+func (g *GCounter) ids() int { return (g.cells() + int(g.step) - 1) / int(g.step) }
+
+// widthFor returns the narrowest cell width that holds v.
+func widthFor(v uint64) uint8 {
+	switch {
+	case v <= math.MaxUint8:
+		return 1
+	case v <= math.MaxUint16:
+		return 2
+	case v <= math.MaxUint32:
+		return 4
 	}
-	return len(g.d64)
+	return 8
+}
+
+// cellMax returns the largest value a cell of width w holds.
+func cellMax(w uint8) uint64 { return math.MaxUint64 >> (64 - 8*uint(w)) }
+
+// load returns cell c of a dense array of width w.
+func load(d []byte, w uint8, c int) uint64 {
+	switch w {
+	case 1:
+		return uint64(d[c])
+	case 2:
+		return uint64(binary.LittleEndian.Uint16(d[2*c:]))
+	case 4:
+		return uint64(binary.LittleEndian.Uint32(d[4*c:]))
+	}
+	return binary.LittleEndian.Uint64(d[8*c:])
+}
+
+// store sets cell c of a dense array of width w to v (which fits).
+func store(d []byte, w uint8, c int, v uint64) {
+	switch w {
+	case 1:
+		d[c] = uint8(v)
+	case 2:
+		binary.LittleEndian.PutUint16(d[2*c:], uint16(v))
+	case 4:
+		binary.LittleEndian.PutUint32(d[4*c:], uint32(v))
+	default:
+		binary.LittleEndian.PutUint64(d[8*c:], v)
+	}
 }
 
 // Get returns the value of one slot (0 if it never wrote).
@@ -87,15 +133,9 @@ func (g *GCounter) Get(id SlotID) uint64 { return g.get(id) }
 // into its callers (the limiter's decision path reads the owner's slot
 // several times a decision), as it did when it only called find.
 func (g *GCounter) get(id SlotID) uint64 {
-	if d := g.d32; d != nil {
-		if i := int(id) * g.step; i < len(d) {
-			return uint64(d[i])
-		}
-		return 0
-	}
-	if d := g.d64; d != nil {
-		if int(id) < len(d) {
-			return d[id]
+	if g.w != 0 {
+		if c := int(id) * int(g.step); c < g.cells() {
+			return load(g.d, g.w, c)
 		}
 		return 0
 	}
@@ -129,24 +169,16 @@ func (g *GCounter) get(id SlotID) uint64 {
 // Raise merges one slot's value: the slot becomes max(current, v). It
 // reports whether the value grew.
 func (g *GCounter) Raise(id SlotID, v uint64) bool {
-	if d := g.d32; d != nil {
-		if i := int(id) * g.step; i < len(d) && v <= math.MaxUint32 {
-			return g.raise32(&d[i], v)
+	if g.w == 1 {
+		// The common dense case, by hand: one byte per cell.
+		if c := int(id) * int(g.step); c < len(g.d) && v <= math.MaxUint8 {
+			return g.raise8(&g.d[c], v)
 		}
 		return g.raiseDense(id, v)
 	}
-	if d := g.d64; d != nil {
-		if int(id) < len(d) {
-			old := d[id]
-			if v <= old {
-				return false
-			}
-			if old == 0 {
-				g.n++
-			}
-			d[id] = v
-			g.total = satAdd(g.total, v-old)
-			return true
+	if g.w != 0 {
+		if c := int(id) * int(g.step); c < g.cells() && v <= cellMax(g.w) {
+			return g.raiseCell(c, v)
 		}
 		return g.raiseDense(id, v)
 	}
@@ -173,8 +205,8 @@ func (g *GCounter) Raise(id SlotID, v uint64) bool {
 	return true
 }
 
-// raise32 raises the 32-bit cell p of a dense counter to v (< 1<<32).
-func (g *GCounter) raise32(p *uint32, v uint64) bool {
+// raise8 raises the one-byte cell p of a dense counter to v (≤ 255).
+func (g *GCounter) raise8(p *uint8, v uint64) bool {
 	old := *p
 	if v <= uint64(old) {
 		return false
@@ -182,26 +214,41 @@ func (g *GCounter) raise32(p *uint32, v uint64) bool {
 	if old == 0 {
 		g.n++
 	}
-	*p = uint32(v)
+	*p = uint8(v)
 	g.total = satAdd(g.total, v-uint64(old))
 	return true
 }
 
-// raiseDense is Raise of a dense counter when the slot lies beyond the
-// array or the value does not fit 32 bits.
-func (g *GCounter) raiseDense(id SlotID, v uint64) bool {
-	if v <= g.Get(id) {
+// raiseCell raises cell c of a dense counter to v, which fits the width.
+func (g *GCounter) raiseCell(c int, v uint64) bool {
+	old := load(g.d, g.w, c)
+	if v <= old {
 		return false
 	}
-	if int(id) >= g.ids() {
+	if old == 0 {
+		g.n++
+	}
+	store(g.d, g.w, c, v)
+	g.total = satAdd(g.total, v-old)
+	return true
+}
+
+// raiseDense is Raise of a dense counter when the slot lies beyond the
+// array or the value does not fit its cells.
+func (g *GCounter) raiseDense(id SlotID, v uint64) bool {
+	if v <= g.get(id) {
+		return false
+	}
+	switch {
+	case int(id) >= g.ids():
 		if int(id) >= 2*denseSpan*(g.n+1) {
 			// Too sparse for an array: back to the sorted slice.
 			g.toSparse()
 			return g.Raise(id, v)
 		}
-		g.grow(arraySize(int(id)+1), v > math.MaxUint32)
-	} else if g.d32 != nil && v > math.MaxUint32 {
-		g.grow(g.ids(), true)
+		g.grow(arraySize(int(id)+1), max(g.w, widthFor(v)))
+	default:
+		g.grow(g.ids(), widthFor(v))
 	}
 	return g.Raise(id, v)
 }
@@ -218,8 +265,8 @@ func (g *GCounter) wouldDense(id SlotID, v uint64) bool {
 
 // arraySize returns how many SlotIDs an array covering n should cover: a
 // sixteenth more for SlotIDs still to come, or the next power of two when
-// that is no more (1000 members fit 1024 entries, 4 KiB, exactly an
-// allocation size class, instead of 1062 in a class of 4864 bytes).
+// that is no more (1000 members fit 1024 cells, exactly an allocation size
+// class, instead of 1062).
 func arraySize(n int) int {
 	size := n + n/16
 	if p := 1 << bits.Len(uint(max(n-1, 0))); p <= size {
@@ -236,30 +283,23 @@ func (g *GCounter) maxID() int {
 	return int(g.vals[len(g.vals)-1].id)
 }
 
-// wide reports whether a sparse counter holds a value beyond 32 bits.
-func (g *GCounter) wide() bool {
+// maxVal returns the largest value of a sparse counter.
+func (g *GCounter) maxVal() uint64 {
+	var m uint64
 	for _, sv := range g.vals {
-		if sv.v > math.MaxUint32 {
-			return true
-		}
+		m = max(m, sv.v)
 	}
-	return false
+	return m
 }
 
 // toDense moves a sparse counter's slots into an array indexed by SlotID,
-// covering at least size SlotIDs.
+// covering at least size SlotIDs, with cells as narrow as its values allow.
 func (g *GCounter) toDense(size int) {
 	size = max(size, arraySize(g.maxID()+1))
-	if g.wide() {
-		g.d64 = make([]uint64, size)
-		for _, sv := range g.vals {
-			g.d64[sv.id] = sv.v
-		}
-	} else {
-		g.d32, g.step = make([]uint32, size), 1
-		for _, sv := range g.vals {
-			g.d32[sv.id] = uint32(sv.v)
-		}
+	w := widthFor(g.maxVal())
+	g.d, g.w, g.step = make([]byte, size*int(w)), w, 1
+	for _, sv := range g.vals {
+		store(g.d, w, int(sv.id), sv.v)
 	}
 	g.n = len(g.vals)
 	g.vals = nil
@@ -269,45 +309,35 @@ func (g *GCounter) toDense(size int) {
 func (g *GCounter) toSparse() {
 	vals := make([]slotVal, 0, g.n+1)
 	g.each(func(id SlotID, v uint64) { vals = append(vals, slotVal{id, v}) })
-	g.vals, g.d32, g.d64, g.step, g.n = vals, nil, nil, 0, 0
+	g.vals, g.d, g.w, g.step, g.n = vals, nil, 0, 0, 0
 }
 
 // grow moves a dense counter's values into an array of its own covering
-// size SlotIDs, 64-bit if wide.
-func (g *GCounter) grow(size int, wide bool) {
-	if g.d32 != nil && !wide {
-		d := make([]uint32, size)
-		for i, j := 0, 0; i < len(g.d32); i, j = i+g.step, j+1 {
-			d[j] = g.d32[i]
-		}
-		g.d32, g.step = d, 1
-		return
+// size SlotIDs with cells of width w (never narrower than they are).
+func (g *GCounter) grow(size int, w uint8) {
+	w = max(w, g.w)
+	d := make([]byte, size*int(w))
+	for c, i := 0, 0; c < g.cells(); c, i = c+int(g.step), i+1 {
+		store(d, w, i, load(g.d, g.w, c))
 	}
-	d := make([]uint64, size)
-	if g.d32 != nil {
-		for i, j := 0, 0; i < len(g.d32); i, j = i+g.step, j+1 {
-			d[j] = uint64(g.d32[i])
-		}
-	} else {
-		copy(d, g.d64)
-	}
-	g.d64, g.d32, g.step = d, nil, 0
+	g.d, g.w, g.step = d, w, 1
 }
 
-// pair moves two sparse counters with 32-bit values into one interleaved
-// array covering at least size SlotIDs: a's value of SlotID i at 2i, b's at
-// 2i+1, so that one memory access reaches both.
+// pair moves two sparse counters into one interleaved array covering at
+// least size SlotIDs: a's value of SlotID i in cell 2i, b's in cell 2i+1,
+// so that one memory access reaches both.
 func pair(a, b *GCounter, size int) {
 	size = max(size, arraySize(max(a.maxID(), b.maxID())+1))
-	d := make([]uint32, 2*size)
+	w := widthFor(max(a.maxVal(), b.maxVal()))
+	d := make([]byte, 2*size*int(w))
 	for _, sv := range a.vals {
-		d[2*sv.id] = uint32(sv.v)
+		store(d, w, 2*int(sv.id), sv.v)
 	}
 	for _, sv := range b.vals {
-		d[2*sv.id+1] = uint32(sv.v)
+		store(d, w, 2*int(sv.id)+1, sv.v)
 	}
-	a.d32, a.step, a.n, a.vals = d, 2, len(a.vals), nil
-	b.d32, b.step, b.n, b.vals = d[1:], 2, len(b.vals), nil
+	a.d, a.w, a.step, a.n, a.vals = d, w, 2, len(a.vals), nil
+	b.d, b.w, b.step, b.n, b.vals = d[w:], w, 2, len(b.vals), nil
 }
 
 // Add increments one slot by d (saturating). Only the slot's owner calls it.
@@ -341,23 +371,16 @@ func (g *GCounter) Merge(o *GCounter) {
 func (g *GCounter) Each(f func(id SlotID, v uint64)) { g.each(f) }
 
 func (g *GCounter) each(f func(id SlotID, v uint64)) {
-	switch {
-	case g.d32 != nil:
-		for i, id := 0, SlotID(0); i < len(g.d32); i, id = i+g.step, id+1 {
-			if v := g.d32[i]; v != 0 {
-				f(id, uint64(v))
+	if g.w != 0 {
+		for c, id := 0, SlotID(0); c < g.cells(); c, id = c+int(g.step), id+1 {
+			if v := load(g.d, g.w, c); v != 0 {
+				f(id, v)
 			}
 		}
-	case g.d64 != nil:
-		for i, v := range g.d64 {
-			if v != 0 {
-				f(SlotID(i), v)
-			}
-		}
-	default:
-		for _, sv := range g.vals {
-			f(sv.id, sv.v)
-		}
+		return
+	}
+	for _, sv := range g.vals {
+		f(sv.id, sv.v)
 	}
 }
 

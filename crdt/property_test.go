@@ -594,11 +594,19 @@ func TestWindowRaiseMatchesReference(t *testing.T) {
 		s := crdt.NewContainer().Rule("r").Ensure("k")
 		span := []int{40, 300, 1000}[r.IntN(3)]
 		val := func() uint64 {
+			// Mostly small, sometimes at a cell width's edge (1, 2, 4 and
+			// 8 bytes), so windows widen their cells as they go.
 			switch p := r.IntN(80); {
 			case p == 0:
 				return 0
 			case p == 1:
 				return 1<<32 - 1 + r.Uint64N(3)
+			case p == 2:
+				return 1<<8 - 1 + r.Uint64N(3)
+			case p == 3:
+				return 1<<16 - 1 + r.Uint64N(3)
+			case p == 4:
+				return math.MaxUint64 - r.Uint64N(2)
 			default:
 				return r.Uint64N(50)
 			}
