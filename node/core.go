@@ -289,6 +289,9 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 		c.noteEvicted(now, b)
 		return nil
 	}
+	if now.Before(m.lastHeard) {
+		c.members.quietUntil = time.Time{} // its threshold moved earlier
+	}
 	m.lastHeard = now
 	m.rulesHash = b.RulesHash
 	c.clock.step(now, m, b)

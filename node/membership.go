@@ -41,6 +41,12 @@ type membership struct {
 	fenceSeen bool
 	evictions []eviction     // slots we evicted, announced for evictMemory
 	changes   []MemberChange // transitions since the last Ready
+	// quietUntil is when the next member can cross a silence threshold
+	// of updateMembers at the soonest, as of its last pass (zero: not
+	// known). A batch only moves its member's threshold later, so the
+	// passes before it may be skipped; recount clears it, and so does a
+	// batch heard on a clock behind its member's last one.
+	quietUntil time.Time
 }
 
 type eviction struct {
@@ -82,6 +88,7 @@ func (ms *membership) set(m *member, s State) bool {
 // recount brings n, nAlive, rank, scale and fenced up to date with the
 // states, self (peer ID) counted alive.
 func (ms *membership) recount(self string, policy Policy) {
+	ms.quietUntil = time.Time{}
 	// order is sorted by peer: the members before self's place are the
 	// ones that rank before it.
 	before, _ := slices.BinarySearchFunc(ms.order, self, func(m *member, p string) int { return strings.Compare(m.peer, p) })
@@ -257,6 +264,15 @@ func (c *Core) learnMembers(now time.Time, from string, es []crdt.MemberEntry) {
 // or evicted, by the partition policy.
 func (c *Core) updateMembers(now time.Time) {
 	ms := &c.members
+	if now.Before(ms.quietUntil) {
+		return // no member can have crossed a threshold yet
+	}
+	changes := len(ms.changes)
+	defer func() {
+		if len(ms.changes) == changes {
+			ms.quietUntil = c.nextSilence()
+		}
+	}()
 	if c.cfg.Policy == Strict {
 		// Every silent member turns suspect before any reclaim, so the
 		// majority a reclaim needs counts only the members heard lately.
@@ -288,6 +304,36 @@ func (c *Core) updateMembers(now time.Time) {
 			c.setState(m, Suspect)
 		}
 	}
+}
+
+// nextSilence returns when updateMembers can move a member on at the
+// soonest, after a pass that moved none: the earliest time a member's
+// silence reaches one of its thresholds. A threshold already reached gives
+// a time not after now, so every pass runs while a member waits past one
+// for its condition (a majority, half), as before.
+func (c *Core) nextSilence() time.Time {
+	reclaim := c.cfg.reclaimAfter()
+	var next time.Time
+	for _, m := range c.members.order {
+		if m.state == Left || m.state == Dead {
+			continue
+		}
+		at := func(after time.Duration) {
+			if t := m.lastHeard.Add(after); next.IsZero() || t.Before(next) {
+				next = t
+			}
+		}
+		if m.state == Alive {
+			at(c.cfg.SuspectAfter)
+		}
+		if c.cfg.Policy == Strict {
+			at(reclaim)
+			at(c.cfg.EvictAfter)
+		} else {
+			at(c.cfg.DeadAfter)
+		}
+	}
+	return next
 }
 
 // reclaim evicts a silent member on the side of a strict majority. The
