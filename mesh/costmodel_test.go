@@ -299,12 +299,13 @@ func fitCost(t *testing.T, rows []costRow) {
 	// Predictions. Every member publishes b batches/s, each delivered to
 	// the N−1 others (dlv = (N−1)·b), received as 1+dup copies (dup, the
 	// duplicates per delivered batch, was 1.3–1.7 at 10–40 members: the
-	// topic mesh's relays, bounded by its degree, not by N). In a busy mesh every member
-	// has merged some change in every sync tick, so it publishes at least
-	// one batch per sync_interval S (the acknowledgement), and at most
-	// that plus one leading-edge batch per change up to 2/S: b between
-	// 1/S and 1/S + min(f, 2/S), for f changes/s of its own. Idle, a
-	// member publishes one heartbeat per 500 ms.
+	// topic mesh's relays, bounded by its degree, not by N). In a busy
+	// mesh every member has merged some change in every sync tick, so it
+	// publishes at least one batch per sync_interval S (the
+	// acknowledgement), and at most that plus one leading-edge batch per
+	// change up to 2/S: b between 1/S and 1/S + min(f, 2/S), for f
+	// changes/s of its own. Idle, a member publishes one heartbeat per
+	// 500 ms.
 	const dup = 1.5
 	for _, n := range []float64{100, 1000} {
 		for _, p := range []struct {
