@@ -33,6 +33,8 @@ import (
 	"github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	pb "github.com/libp2p/go-libp2p-pubsub/pb"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
@@ -463,6 +465,27 @@ func logWireResult(t *testing.T, r wireResult, n int) {
 		float64(r.deltaP99Load)/float64(max(r.rawP99Load, 1)))
 }
 
+// wireHost returns a host on loopback TCP for key whose streams' bytes w
+// counts, closed when the test ends.
+func wireHost(t testing.TB, key crypto.PrivKey, w *wire) host.Host {
+	t.Helper()
+	h, err := libp2p.New(
+		libp2p.Identity(key),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.Transport(tcp.NewTCPTransport, tcp.DisableReuseport()),
+		libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"),
+		libp2p.BandwidthReporter(w),
+		libp2p.DisableRelay(),
+		libp2p.DisableMetrics(),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
 func runWireVariant(t *testing.T, v wireVariant, n int, dur time.Duration) wireResult {
 	ns := v.namespace
 	if ns == "" {
@@ -481,20 +504,7 @@ func runWireVariant(t *testing.T, v wireVariant, n int, dur time.Duration) wireR
 			t.Fatal(err)
 		}
 		w := &wire{sync: protocol.ID("/ratemesh/1/" + ns + "/sync")}
-		h, err := libp2p.New(
-			libp2p.Identity(key),
-			libp2p.Security(noise.ID, noise.New),
-			libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
-			libp2p.Transport(tcp.NewTCPTransport, tcp.DisableReuseport()),
-			libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"),
-			libp2p.BandwidthReporter(w),
-			libp2p.DisableRelay(),
-			libp2p.DisableMetrics(),
-		)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { h.Close() })
+		h := wireHost(t, key, w)
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
 		params := GossipSubParams(100 * time.Millisecond)
