@@ -61,10 +61,13 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 
 // shouldPair reports whether both (sparse) counters should move into one
 // interleaved array before raising slot id: the window before had them
-// so, or this raise would make each dense on its own.
+// so, or this raise would make either dense on its own. Pairing them when
+// the first goes dense costs the other's array early, but a key that many
+// members attempt is one that many are admitted to, and the pair is one
+// cache miss per merge instead of two.
 func (w *Window) shouldPair(id SlotID, admitted, attempted uint64) bool {
 	a, t := &w.Admitted, &w.Attempted
-	return int(id) < int(w.hintPair) || (a.wouldDense(id, admitted) && t.wouldDense(id, attempted))
+	return int(id) < int(w.hintPair) || a.wouldDense(id, admitted) || t.wouldDense(id, attempted)
 }
 
 // Series returns the key the window belongs to.
