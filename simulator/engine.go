@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -355,16 +356,24 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 			states[i] = d.Batches
 		}
 	}
-	for j := 0; j < sc.Nodes; j++ {
-		for i := 0; i < sc.Nodes; i++ {
-			if i == j {
-				continue
+	// Every node steps every other's state; nodes share nothing, so the
+	// workers take them in parallel (the error is the lowest node's).
+	errs := make([]error, sc.Nodes)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(s.workers, sc.Nodes) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := int(next.Add(1) - 1); j < sc.Nodes; j = int(next.Add(1) - 1) {
+				errs[j] = s.stepStates(j, states)
 			}
-			for _, b := range states[i] {
-				if err := s.nodes[j].core.Step(s.local(j), b); err != nil {
-					return nil, err
-				}
-			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
 		}
 	}
 
@@ -379,6 +388,22 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		s.push(simEvent{at: sc.Churn.Every.Milliseconds(), kind: evChurn})
 	}
 	return s, nil
+}
+
+// stepStates steps node j through the full states of every other initial
+// node, in node order.
+func (s *sim) stepStates(j int, states [][]*crdt.Batch) error {
+	for i := range states {
+		if i == j {
+			continue
+		}
+		for _, b := range states[i] {
+			if err := s.nodes[j].core.Step(s.local(j), b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (s *sim) push(e simEvent) {
@@ -647,6 +672,9 @@ func (s *sim) runJobs(load int, f func(r int) error) error {
 		}
 		return first
 	}
+	// Longest first: the workers take the next job as they finish, so the
+	// millisecond ends with short jobs instead of one worker on a long one.
+	slices.SortStableFunc(jobs, func(a, b int32) int { return len(s.pending[b]) - len(s.pending[a]) })
 	workers := min(s.workers, len(jobs))
 	errs := make([]error, workers)
 	var next atomic.Int64
