@@ -206,17 +206,26 @@ func (g *GCounter) Raise(id SlotID, v uint64) bool {
 }
 
 // raise8 raises the one-byte cell p of a dense counter to v (≤ 255).
+// Nothing in it branches on the cell's old value: the load of a cell is
+// mostly a cache miss, and a branch on it that the CPU mispredicts
+// (whether a merge grows a slot does not follow a pattern) would keep the
+// next merges' misses from overlapping with this one.
 func (g *GCounter) raise8(p *uint8, v uint64) bool {
-	old := *p
-	if v <= uint64(old) {
-		return false
+	old := uint64(*p)
+	nv := max(old, v)
+	*p = uint8(nv)
+	g.n += b2i(old == 0) & b2i(v != 0)
+	g.total += nv - old // at most 255 per cell: a dense counter of one-byte cells cannot overflow it
+	return nv != old
+}
+
+// b2i is 1 for true, 0 for false, without a branch.
+func b2i(b bool) int {
+	var i int
+	if b {
+		i = 1
 	}
-	if old == 0 {
-		g.n++
-	}
-	*p = uint8(v)
-	g.total = satAdd(g.total, v-uint64(old))
-	return true
+	return i
 }
 
 // raiseCell raises cell c of a dense counter to v, which fits the width.
