@@ -129,6 +129,11 @@ type Core struct {
 	lastLim   *limiter.Limiter // its limiter; nil when SetRules replaced them
 
 	members membership
+
+	// holding: StepMany is stepping, and mergeEntries holds window
+	// entries back in held instead of raising them (core_fast.go).
+	holding bool
+	held    []heldRaise
 	out     outbox
 	clock   meshClock
 	join    joinState
@@ -382,6 +387,10 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
 			continue // our own values come only from us
 		}
 		w := set.Ensure(e.Key).EnsureWindow(e.WindowMs, e.Window)
+		if c.holding {
+			c.held = append(c.held, heldRaise{w: w, id: id, adm: e.Admitted, att: e.Attempted})
+			continue
+		}
 		if w.Raise(id, e.Admitted, e.Attempted) {
 			raised++
 			c.notePersist(w)

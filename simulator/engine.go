@@ -531,12 +531,11 @@ func (s *sim) flush(r int) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	c := s.nodes[r].core
-	for i := range msgs {
-		m := &msgs[i]
-		if err := c.Step(epoch.Add(time.Duration(m.nowNs)), m.b); err != nil {
-			return &stepError{at: m.at, err: fmt.Errorf("node %d: %w", r, err)}
-		}
+	i, err := s.nodes[r].core.StepMany(len(msgs), func(i int) (time.Time, *crdt.Batch) {
+		return epoch.Add(time.Duration(msgs[i].nowNs)), msgs[i].b
+	})
+	if err != nil {
+		return &stepError{at: msgs[i].at, err: fmt.Errorf("node %d: %w", r, err)}
 	}
 	clear(msgs)
 	s.pending[r] = msgs[:0]
