@@ -1,6 +1,9 @@
 package crdt
 
-import "testing"
+import (
+	"testing"
+	"unsafe"
+)
 
 // TestArraySize checks that an array by SlotID always covers what it must,
 // and that a thousand members take exactly 4 KiB.
@@ -15,5 +18,30 @@ func TestArraySize(t *testing.T) {
 		if got := arraySize(n); got != 1024 {
 			t.Errorf("arraySize(%d) = %d, want 1024", n, got)
 		}
+	}
+}
+
+// TestWindowLayout pins the layout Window's comment relies on: the fields
+// a merge touches in two cache lines of an object that starts on one.
+func TestWindowLayout(t *testing.T) {
+	var w Window
+	if got := unsafe.Sizeof(w); got != 192 {
+		t.Errorf("Window is %d bytes, want 192 (a size class aligned to cache lines)", got)
+	}
+	hot := unsafe.Offsetof(w.Admitted.vals) - unsafe.Offsetof(w.Admitted)
+	for _, f := range []struct {
+		name string
+		lo   uintptr
+	}{{"WindowMs", unsafe.Offsetof(w.WindowMs)}, {"Admitted", unsafe.Offsetof(w.Admitted)}, {"Attempted", unsafe.Offsetof(w.Attempted)}} {
+		hi := f.lo + hot
+		if f.name == "WindowMs" {
+			hi = unsafe.Offsetof(w.Index) + 8
+		}
+		if f.lo/64 != (hi-1)/64 {
+			t.Errorf("%s spans bytes %d to %d, across a cache line", f.name, f.lo, hi)
+		}
+	}
+	if unsafe.Offsetof(w.WindowMs)/64 != unsafe.Offsetof(w.Admitted)/64 {
+		t.Errorf("WindowMs and Admitted's dense fields are in different cache lines")
 	}
 }
