@@ -62,15 +62,21 @@ type PeerInfo struct {
 // member is another member as this one knows it: its identity and
 // standing (membership.go), the gossip stream received from it (inStream,
 // acks.go) and its clock (peerClock, meshclock.go).
+//
+// Step reads and writes nearly all of a member for every batch it hears,
+// and a replica of a big mesh holds its members in more memory than the
+// CPU caches: each cache line of the struct is a miss. Its fields are
+// ordered so no padding adds a line, and it fits a 320-byte size class,
+// whose objects start on a cache line (TestMemberLayout).
 type member struct {
 	peer      string
 	inc       uint64
 	slot      crdt.SlotID
 	tag       uint32 // crdt.PeerTag(peer): echoes of its clock carry it
-	state     State
-	evicted   bool
 	lastHeard time.Time
 	rulesHash uint64
+	state     State
+	evicted   bool
 
 	inStream
 	peerClock

@@ -192,8 +192,6 @@ type peerClock struct {
 	// mesh time uses: from round trips when the member echoes our clock,
 	// from one-way samples otherwise.
 	clockMs  int64
-	hasClock bool
-	clockRT  bool        // clockMs comes from a fresh round trip
 	oneWayMs int64       // the one-way estimate alone, as of the latest sample
 	oneWay   clockWindow // one-way samples: their Clock − our raw clock at receipt
 	rt       clockWindow // round trips (NTP samples) of our batches they echoed
@@ -201,18 +199,23 @@ type peerClock struct {
 	// measured: the round-trip estimate minus the one-way one. When round
 	// trips go stale (a big mesh echoes each member rarely) the one-way
 	// estimate plus fwdMs stands in.
-	fwdMs  int64
-	hasFwd bool
+	fwdMs int64
 
 	// The echo we owe the member: the Clock of its least-delayed batch
 	// since we last echoed it, our raw clock at its receipt, and its
 	// one-way sample (for picking the least delayed).
-	echoClock   int64
-	echoAt      int64
-	echoSample  int64
+	echoClock  int64
+	echoAt     int64
+	echoSample int64
+	echoedAt   int64 // our raw clock when we last echoed the member
+
+	// The flags last, together, so they take one word (the member is read
+	// on every batch it sends; see member).
+	hasClock    bool
+	clockRT     bool // clockMs comes from a fresh round trip
+	hasFwd      bool // fwdMs holds a measurement
 	echoPending bool
-	echoQueued  bool  // in meshClock.echoQ
-	echoedAt    int64 // our raw clock when we last echoed the member
+	echoQueued  bool // in meshClock.echoQ
 	hasEchoed   bool
 	echoes      bool // its latest batch set crdt.FlagEcho: it understands echoes
 }
@@ -310,7 +313,7 @@ type clockPoint struct{ off, delay int64 }
 type clockWindow struct {
 	cur, prev clockPoint
 	epoch     int64
-	n         int  // samples held in cur: 0 or 1
+	hasCur    bool // cur holds a sample
 	hasPrev   bool // prev holds the best of epoch-1
 }
 
@@ -319,8 +322,8 @@ type clockWindow struct {
 // prev, where it counts for one more epoch.
 func (w *clockWindow) add(p clockPoint, e int64) {
 	switch {
-	case w.n == 0:
-		w.cur, w.epoch, w.n, w.hasPrev = p, e, 1, false
+	case !w.hasCur:
+		w.cur, w.epoch, w.hasCur, w.hasPrev = p, e, true, false
 	case e == w.epoch:
 		if p.delay <= w.cur.delay {
 			w.cur = p
@@ -334,7 +337,7 @@ func (w *clockWindow) add(p clockPoint, e int64) {
 // best returns the least-delayed sample of epochs e-1 and e, or false when
 // there is none that recent.
 func (w *clockWindow) best(e int64) (clockPoint, bool) {
-	if w.n == 0 || w.epoch < e-1 {
+	if !w.hasCur || w.epoch < e-1 {
 		return clockPoint{}, false
 	}
 	b := w.cur
