@@ -272,7 +272,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	case b.From.Incarnation < m.inc:
 		// A late batch of a replaced incarnation: its window counts are
 		// still real usage; its leases and membership are not.
-		c.mergeEntries(now, b, false)
+		c.mergeEntries(now, b, false, nil)
 		return nil
 	case b.From.Incarnation > m.inc:
 		// A restart: the new incarnation replaces the old one at once; the
@@ -290,7 +290,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 		// We evicted this incarnation; its counts still count, but it is
 		// not a member again until it takes a new incarnation (it learns
 		// of the eviction from our batches).
-		c.mergeEntries(now, b, false)
+		c.mergeEntries(now, b, false, nil)
 		c.noteEvicted(now, b)
 		return nil
 	}
@@ -322,7 +322,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	if full {
 		c.learnMembers(now, m.peer, b.Members)
 	}
-	if c.mergeEntries(now, b, true) > 0 || len(b.Windows)+len(b.Leases) > 0 {
+	if c.mergeEntries(now, b, true, m) > 0 || len(b.Windows)+len(b.Leases) > 0 {
 		c.out.needAck = true
 	}
 	if full && b.Has(crdt.FlagLast) && b.Has(crdt.FlagRelay) {
@@ -354,19 +354,24 @@ func (c *Core) reincarnate(now time.Time) {
 }
 
 // mergeEntries merges a batch's entries and returns how many raised a
-// value. Lease entries are merged only when leases is true.
-func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool) int {
+// value. Lease entries are merged only when leases is true. from, when not
+// nil, is the sender's member, current with the batch's incarnation: its
+// slot is the one the sender's own entries resolve to.
+func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *member) int {
 	nowMs := c.MeshMs(now)
 	skewMs := c.cfg.MaxSkew.Milliseconds()
 	raised := 0
 	var lastRule string
 	var set *crdt.RuleSet
 	var sc slotCache
+	if from != nil && from.inc == b.From.Incarnation {
+		sc = slotCache{from: from.slot, fromOK: true}
+	}
 	for i := range b.Windows {
 		e := &b.Windows[i]
 		if e.Rule != lastRule || set == nil {
 			lastRule, set = e.Rule, nil
-			if l := c.limiters[e.Rule]; l != nil {
+			if l := c.lookupLimiter(e.Rule); l != nil {
 				set = l.Set()
 			}
 		}

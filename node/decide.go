@@ -45,17 +45,25 @@ func (c *Core) env(now time.Time) limiter.Env {
 }
 
 func (c *Core) limiter(rule string) (*limiter.Limiter, error) {
-	// Requests mostly name the rule of the request before: compare the
-	// name before hashing it (SetRules clears the cache).
+	if l := c.lookupLimiter(rule); l != nil {
+		return l, nil
+	}
+	return nil, unknownRule(rule)
+}
+
+// lookupLimiter returns the limiter of rule, or nil. Requests mostly name
+// the rule of the request before, and a batch's entries the rule of the
+// entry before: compare the name before hashing it (SetRules clears the
+// cache).
+func (c *Core) lookupLimiter(rule string) *limiter.Limiter {
 	if c.lastLim != nil && rule == c.lastRule {
-		return c.lastLim, nil
+		return c.lastLim
 	}
-	l, ok := c.limiters[rule]
-	if !ok {
-		return nil, unknownRule(rule)
+	l := c.limiters[rule]
+	if l != nil {
+		c.lastRule, c.lastLim = rule, l
 	}
-	c.lastRule, c.lastLim = rule, l
-	return l, nil
+	return l
 }
 
 // Allow decides one request at now and, unless it is a peek, counts it.
