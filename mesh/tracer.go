@@ -31,13 +31,6 @@ func newTracer(topic string) *tracer {
 	return &tracer{topic: topic, mesh: make(map[peer.ID]struct{})}
 }
 
-// meshPeers returns how many peers our topic mesh holds.
-func (t *tracer) meshPeers() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.mesh)
-}
-
 func (t *tracer) inMesh(p peer.ID) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -1,7 +1,7 @@
 // Package simulator runs a ratemesh mesh of real node.Core state machines
 // under a virtual clock and a simulated network, and measures how well the
 // mesh keeps its limits. It reads the scenario files and writes the summary
-// that DESIGN.md ("Simulator scenario (YAML) and summary (JSON)") defines.
+// that docs/simulator.md describes ("Scenarios", "Flags and outputs").
 //
 // A run is a seed: the same scenario and seed give byte-identical JSON
 // (except wall_seconds), CSV and SVG. One *rand.Rand (PCG) seeded from the

@@ -12,7 +12,8 @@ import (
 	"text/tabwriter"
 )
 
-// Summary is the JSON object `ratemesh sim --json` prints (DESIGN.md).
+// Summary is the JSON object `ratemesh sim --json` prints (docs/simulator.md,
+// "Flags and outputs").
 type Summary struct {
 	Scenario       string        `json:"scenario"`
 	Seed           uint64        `json:"seed"`
