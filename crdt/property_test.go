@@ -643,6 +643,10 @@ func TestWindowRaiseMatchesReference(t *testing.T) {
 					if r.IntN(3) == 0 {
 						a = 0
 					}
+					// Touch reads the admitted cell's low byte (0 when sparse).
+					if got := w.Touch(id); got != 0 && got != byte(adm[id]) {
+						t.Fatalf("%s: Touch(%d) = %d, want 0 or %d", what, id, got, byte(adm[id]))
+					}
 					wa := adm.raise(id, a)
 					wt := att.raise(id, v)
 					if got := w.Raise(id, a, v); got != (wa || wt) {

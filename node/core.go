@@ -134,6 +134,7 @@ type Core struct {
 	// entries back in held instead of raising them (core_fast.go).
 	holding bool
 	held    []heldRaise
+	touched byte // the sum of what raiseHeld's touches read: keeps them
 	out     outbox
 	clock   meshClock
 	join    joinState

@@ -37,8 +37,11 @@ type heldRaise struct {
 }
 
 // heldMax is how many window entries StepMany holds back at most before
-// it merges them: enough misses to overlap, few enough to stay in cache.
-const heldMax = 128
+// it merges them: enough misses to overlap, few enough that the cells
+// raiseHeld touches are still in the nearest caches when it raises them.
+// (In the scale-1000 scenario 32 ran about 5 % faster than without the
+// touches; 128 with them, no faster.)
+const heldMax = 32
 
 // StepMany steps n batches in order — the ith is at(i)'s batch received at
 // its time — exactly as n calls of Step would, and returns the index of the
@@ -75,6 +78,14 @@ func (c *Core) StepMany(n int, at func(i int) (time.Time, *crdt.Batch)) (int, er
 // it: whether a merge grows a slot follows no pattern, and a mispredicted
 // branch would wait for that raise's cache miss before the next began.
 func (c *Core) raiseHeld() {
+	// First only read the cells, in a loop that does nothing else, so
+	// their misses overlap as many at a time as the CPU allows; the raises
+	// then find them in cache.
+	var sink byte
+	for i := range c.held {
+		sink += c.held[i].w.Touch(c.held[i].id)
+	}
+	c.touched += sink
 	for i := range c.held {
 		h := &c.held[i]
 		h.grew = h.w.Raise(h.id, h.adm, h.att)
