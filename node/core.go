@@ -134,11 +134,14 @@ type Core struct {
 	// entries back in held instead of raising them (core_fast.go).
 	holding bool
 	held    []heldRaise
-	touched byte // the sum of what raiseHeld's touches read: keeps them
-	out     outbox
-	clock   meshClock
-	join    joinState
-	leases  leaseTable
+	// lastTick is the time of the latest Tick: a gap of SuspectAfter or
+	// more between two is a stall of this member's own (membership.wokeAt).
+	lastTick time.Time
+	touched  byte // the sum of what raiseHeld's touches read: keeps them
+	out      outbox
+	clock    meshClock
+	join     joinState
+	leases   leaseTable
 	// reclaimHold keeps the scale of before a reclaim for the windows that
 	// began before it (membership.go).
 	reclaimHold reclaimHold
@@ -448,6 +451,13 @@ func (c *Core) Tick(now time.Time) Ready {
 		return Ready{NextTick: c.out.nextSync}
 	}
 	var rd Ready
+	if !c.lastTick.IsZero() && now.Sub(c.lastTick) >= c.cfg.SuspectAfter {
+		// This member stalled (a pause, a frozen VM, SIGSTOP): Ticks come
+		// at least every SyncInterval, far below SuspectAfter, when it runs.
+		c.members.wokeAt = now
+		c.members.quietUntil = time.Time{}
+	}
+	c.lastTick = now
 	c.updateMembers(now)
 	c.noteFence(now)
 	c.clock.tick(now, c.members.order)

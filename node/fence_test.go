@@ -217,3 +217,73 @@ func TestCoreStrictStalledMemberFencesItself(t *testing.T) {
 		t.Errorf("decision after the stall %+v; want denied, fenced", d)
 	}
 }
+
+// TestCoreStrictStalledMemberReclaimsNoOneAtOnce: the stalled member of
+// TestCoreStrictStalledMemberFencesItself wakes, hears one member's batch
+// before the other's (the other's stream to it restarts later), and so
+// holds a majority of what it hears again. It must still not reclaim the
+// member it has not heard from yet: that member's silence is its own
+// stall, not the member's. Only once the member stays silent for
+// reclaim_after after the wake is it reclaimed. (In the end-to-end test a
+// thawed process evicted a majority member this way, 22 ms after waking.)
+func TestCoreStrictStalledMemberReclaimsNoOneAtOnce(t *testing.T) {
+	const (
+		seed    = 73
+		reclaim = 5 * time.Second
+	)
+	reportSeed(t, seed)
+	net := cluster(t, 3, seed, apiRule(limiter.FixedWindow, 100), func(c *node.CoreConfig) { c.ReclaimAfter = reclaim })
+	net.Delay = 5 * time.Millisecond
+	run(t, net, time.Second, nil)
+	cfg := node.DefaultCoreConfig()
+	c, p0 := net.Core(2), net.Core(0).Self().Peer
+	hear1 := func(at time.Time) {
+		t.Helper()
+		// Member 1 at its own time then: its batch reaches the stalled one.
+		rd := net.Core(1).Tick(at)
+		if len(rd.Messages) == 0 {
+			rd = net.Core(1).Tick(at.Add(cfg.SyncInterval))
+		}
+		for _, b := range rd.Messages {
+			if err := c.Step(at, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	state0 := func(at time.Time) node.State {
+		for _, p := range c.Peers(at) {
+			if p.Peer == p0 {
+				return p.State
+			}
+		}
+		return node.Dead // gone from the table
+	}
+	woke := net.Local(2).Add(reclaim + 3*time.Second) // past reclaim_after
+	c.Tick(woke)
+	if !c.Fenced() {
+		t.Fatal("the stalled member is not fenced when it wakes")
+	}
+	hear1(woke.Add(10 * time.Millisecond))
+	after := woke.Add(20 * time.Millisecond)
+	c.Tick(after)
+	if got := state0(after); got != node.Suspect {
+		t.Errorf("member 0 is %v 20 ms after the wake, having heard member 1; want suspect (not reclaimed)", got)
+	}
+	if n, _ := c.Members(); n != 3 {
+		t.Errorf("Members() = %d 20 ms after the wake; want 3", n)
+	}
+	// Member 0 stays silent; member 1 keeps talking.
+	for at := after; at.Before(woke.Add(reclaim - 100*time.Millisecond)); at = at.Add(500 * time.Millisecond) {
+		hear1(at)
+		c.Tick(at)
+		if got := state0(at); got != node.Suspect {
+			t.Fatalf("member 0 is %v %v after the wake; want suspect until reclaim_after", got, at.Sub(woke))
+		}
+	}
+	late := woke.Add(reclaim + time.Second)
+	hear1(late)
+	c.Tick(late)
+	if got := state0(late); got != node.Dead {
+		t.Errorf("member 0 is %v, silent for reclaim_after since the wake; want reclaimed (dead)", got)
+	}
+}

@@ -47,6 +47,10 @@ type membership struct {
 	// passes before it may be skipped; recount clears it, and so does a
 	// batch heard on a clock behind its member's last one.
 	quietUntil time.Time
+	// wokeAt is when this member last woke from a stall of its own (see
+	// Core.Tick): no member's silence counts from before it towards a
+	// reclaim, an eviction or death.
+	wokeAt time.Time
 }
 
 type eviction struct {
@@ -293,17 +297,32 @@ func (c *Core) updateMembers(now time.Time) {
 			continue
 		}
 		silent := now.Sub(m.lastHeard)
+		gone := now.Sub(ms.heardSince(m))
 		switch {
-		case c.cfg.Policy == Strict && silent >= reclaim && ms.majority():
+		case c.cfg.Policy == Strict && gone >= reclaim && ms.majority():
 			c.reclaim(now, m)
-		case c.cfg.Policy == Strict && silent >= c.cfg.EvictAfter && ms.half():
+		case c.cfg.Policy == Strict && gone >= c.cfg.EvictAfter && ms.half():
 			c.evict(now, m)
-		case c.cfg.Policy == Available && silent >= c.cfg.DeadAfter:
+		case c.cfg.Policy == Available && gone >= c.cfg.DeadAfter:
 			c.setState(m, Dead)
 		case silent >= c.cfg.SuspectAfter && m.state == Alive:
 			c.setState(m, Suspect)
 		}
 	}
+}
+
+// heardSince returns when m's silence began as far as ending its
+// membership goes: its last batch, or this member's wake from a stall of
+// its own if that came later. A member that stalled cannot tell who fell
+// silent meanwhile; the batches the others sent during the stall may
+// arrive only once their streams to it restart, one member before
+// another, and the first heard would otherwise make a majority that
+// reclaims the rest at once.
+func (ms *membership) heardSince(m *member) time.Time {
+	if ms.wokeAt.After(m.lastHeard) {
+		return ms.wokeAt
+	}
+	return m.lastHeard
 }
 
 // nextSilence returns when updateMembers can move a member on at the
@@ -318,19 +337,20 @@ func (c *Core) nextSilence() time.Time {
 		if m.state == Left || m.state == Dead {
 			continue
 		}
-		at := func(after time.Duration) {
-			if t := m.lastHeard.Add(after); next.IsZero() || t.Before(next) {
+		at := func(from time.Time, after time.Duration) {
+			if t := from.Add(after); next.IsZero() || t.Before(next) {
 				next = t
 			}
 		}
 		if m.state == Alive {
-			at(c.cfg.SuspectAfter)
+			at(m.lastHeard, c.cfg.SuspectAfter)
 		}
+		since := c.members.heardSince(m)
 		if c.cfg.Policy == Strict {
-			at(reclaim)
-			at(c.cfg.EvictAfter)
+			at(since, reclaim)
+			at(since, c.cfg.EvictAfter)
 		} else {
-			at(c.cfg.DeadAfter)
+			at(since, c.cfg.DeadAfter)
 		}
 	}
 	return next
