@@ -23,6 +23,7 @@ const (
 	MaxNacks      = 1024
 	MaxEvicted    = 1024
 	MaxEchoes     = 16   // clock echoes of one batch (a node sends a few)
+	MaxRepairs    = 1024 // repaired batches named by one batch
 	MaxMembers    = 1024 // member table entries of one full-state batch
 	MaxAddrs      = 16   // addresses of one member table entry
 	MaxAddrLen    = 256  // bytes of one address
@@ -61,6 +62,12 @@ const (
 	// sender holds — other members', dead and left members', earlier
 	// incarnations' (Batch.Slots) — the answer to FlagWant.
 	FlagRelay
+	// FlagRepairs announces that the sender understands Batch.Repairs. A
+	// member tags the entries it publishes again for a nack only once
+	// every live member has announced it (a decoder that predates Repairs
+	// refuses a batch carrying them); until then it publishes them
+	// untagged, for every receiver to merge.
+	FlagRepairs
 )
 
 // ErrMalformed wraps every decoding and validation failure.
@@ -108,6 +115,32 @@ type Batch struct {
 	// full-state batches only, so a joining or restarted member learns of
 	// every member at once, counts them in N and can dial them.
 	Members []MemberEntry `cbor:"14,keyasint,omitempty"`
+	// Repairs tags the last window entries as published again because a
+	// member nacked an earlier batch: in order, Repairs[0].N entries
+	// repair batch Repairs[0].Seq, the next Repairs[1].N entries batch
+	// Repairs[1].Seq, and so on, after the Fresh() untagged ones. A
+	// receiver that merged the repaired batch itself may skip them: they
+	// carry what that batch carried, raised to the sender's current value,
+	// and every raise since went out in a later batch of its own.
+	Repairs []Repair `cbor:"15,keyasint,omitempty"`
+}
+
+// Repair names a batch of the sender's (Seq) and how many window entries
+// (N) publish its values again. It encodes as a two-element array.
+type Repair struct {
+	_   struct{} `cbor:",toarray"`
+	Seq uint64
+	N   uint32
+}
+
+// Fresh returns how many window entries, from the first, are not tagged as
+// repairs (Batch.Repairs).
+func (b *Batch) Fresh() int {
+	n := len(b.Windows)
+	for _, r := range b.Repairs {
+		n -= int(r.N)
+	}
+	return n
 }
 
 // MemberEntry is one member as the sender of a full state knows it. It
@@ -294,6 +327,25 @@ func (b *Batch) Validate() error {
 	}
 	if len(b.Echoes) > MaxEchoes {
 		return bad("%d echoes, over the cap of %d", len(b.Echoes), MaxEchoes)
+	}
+	if len(b.Repairs) > MaxRepairs {
+		return bad("%d repairs, over the cap of %d", len(b.Repairs), MaxRepairs)
+	}
+	tagged := 0
+	for i, r := range b.Repairs {
+		switch {
+		case r.Seq == 0 || r.Seq >= b.Seq:
+			return bad("repairs[%d]: seq %d, must be within 1 and the batch's seq %d minus 1", i, r.Seq, b.Seq)
+		case r.N == 0:
+			return bad("repairs[%d]: repairs no entry", i)
+		}
+		tagged += int(r.N)
+		if tagged > len(b.Windows) {
+			return bad("repairs[%d]: tags %d entries in all, more than the batch's %d window entries", i, tagged, len(b.Windows))
+		}
+	}
+	if len(b.Repairs) > 0 && b.Has(FlagFull) {
+		return bad("repairs: a full-state batch carries no repairs")
 	}
 	if len(b.Members) > MaxMembers {
 		return bad("%d members, over the cap of %d", len(b.Members), MaxMembers)

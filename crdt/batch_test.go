@@ -72,6 +72,21 @@ func rawEncode(t testing.TB, v any) []byte {
 	return data
 }
 
+// gossip returns a mutation of fullBatch into a gossip batch (no full
+// state, no member table) carrying repairs.
+func gossip(repairs ...crdt.Repair) func(b *crdt.Batch) {
+	return func(b *crdt.Batch) {
+		b.Flags, b.Members, b.Slots = crdt.FlagEcho|crdt.FlagRepairs, nil, nil
+		for i := range b.Windows {
+			b.Windows[i].Slot = 0
+		}
+		for i := range b.Leases {
+			b.Leases[i].Slot = 0
+		}
+		b.Repairs = repairs
+	}
+}
+
 // mutated returns the raw encoding of fullBatch after f changed it.
 func mutated(t testing.TB, f func(b *crdt.Batch)) []byte {
 	t.Helper()
@@ -161,6 +176,12 @@ func TestBatchRoundTrip(t *testing.T) {
 			b.Windows[0].Rule = strings.Repeat("r", crdt.MaxRuleLen)
 			b.Windows[0].Slot = crdt.MaxSlots
 			b.Leases = leases(1)
+			return b
+		}},
+		{"repairs", func() *crdt.Batch {
+			b := fullBatch()
+			gossip(crdt.Repair{Seq: 40, N: 1}, crdt.Repair{Seq: math.MaxUint32 + 1, N: 1})(b)
+			b.Seq = math.MaxUint32 + 9
 			return b
 		}},
 		{"unicode", func() *crdt.Batch {
@@ -304,8 +325,19 @@ func badBatches() []badBatch {
 		}), []string{"1025 nacks"}},
 		{"too many evicted", mut(func(b *crdt.Batch) { b.Evicted = slots(crdt.MaxEvicted + 1) }), []string{"1025 evicted"}},
 
+		// Repairs.
+		{"repair of seq 0", mut(gossip(crdt.Repair{Seq: 0, N: 1})), []string{"repairs[0]: seq 0"}},
+		{"repair of a later seq", mut(gossip(crdt.Repair{Seq: 7, N: 1}, crdt.Repair{Seq: 42, N: 1})), []string{"repairs[1]: seq 42"}},
+		{"empty repair", mut(gossip(crdt.Repair{Seq: 7, N: 0})), []string{"repairs[0]: repairs no entry"}},
+		{"repairs beyond the entries", mut(gossip(crdt.Repair{Seq: 7, N: 2}, crdt.Repair{Seq: 8, N: 2})), []string{"repairs[1]: tags 4 entries in all, more than the batch's 3"}},
+		{"repairs in a full state", mut(func(b *crdt.Batch) { b.Repairs = []crdt.Repair{{Seq: 7, N: 1}} }), []string{"full-state batch carries no repairs"}},
+		{"too many repairs", mut(func(b *crdt.Batch) {
+			gossip()(b)
+			b.Repairs = make([]crdt.Repair, crdt.MaxRepairs+1)
+		}), []string{"1025 repairs"}},
+
 		// CBOR strictness.
-		{"unknown header field", raw(header(map[int]any{15: 1})), []string{"unknown field"}},
+		{"unknown header field", raw(header(map[int]any{16: 1})), []string{"unknown field"}},
 		{"unknown entry field", raw(header(map[int]any{10: []any{map[int]any{1: "r", 2: "k", 3: 1000, 4: 1, 7: 9}}})), []string{"unknown field"}},
 		{"unknown text field", raw(map[any]any{0: 1, 1: map[int]any{0: "p"}, "extra": 1}), []string{"unknown field"}},
 		{"duplicate header key", fromBytes([]byte{0xa3, 0x00, 0x01, 0x01, 0xa1, 0x00, 0x61, 'p', 0x00, 0x01}), []string{"duplicate map key 0"}},

@@ -30,7 +30,10 @@ func FuzzDecodeBatch(f *testing.F) {
 	echoes := heartbeat()
 	echoes.Flags = crdt.FlagEcho
 	echoes.Echoes = []crdt.Echo{{Peer: crdt.PeerTag("q"), Ago: 40, Held: 7}, {Peer: 1, Ago: -3}}
-	for _, b := range []*crdt.Batch{full, hb, leaving, many, edge, echoes} {
+	repairs := heartbeat()
+	repairs.Seq, repairs.Flags, repairs.Windows = 9, crdt.FlagRepairs, windows(4)
+	repairs.Repairs = []crdt.Repair{{Seq: 3, N: 2}, {Seq: 8, N: 1}}
+	for _, b := range []*crdt.Batch{full, hb, leaving, many, edge, echoes, repairs} {
 		f.Add(mustEncode(f, b))
 	}
 	// An explicit empty array: decodes to an empty slice, re-encodes to
@@ -97,6 +100,12 @@ func normalized(b *crdt.Batch) crdt.Batch {
 	}
 	if len(n.Echoes) == 0 {
 		n.Echoes = nil
+	}
+	if len(n.Members) == 0 {
+		n.Members = nil
+	}
+	if len(n.Repairs) == 0 {
+		n.Repairs = nil
 	}
 	return n
 }
