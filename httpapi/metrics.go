@@ -130,6 +130,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEntries, st.DroppedFuture, "future")
 	counter(descEntries, st.DroppedUnknownRule, "unknown_rule")
 	counter(descEntries, st.DroppedStale, "stale")
+	counter(descEntries, st.RepairsSkipped, "already_merged")
 	counter(descPersist, st.PersistErrors)
 	hs := n.HoldStats()
 	counter(descHeld, hs.HeldAdmitted, "admitted")

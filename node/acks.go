@@ -33,21 +33,27 @@ const (
 )
 
 // inStream is the gossip stream received from one incarnation of a member:
-// where its sequence stands, the gaps still to nack, and the Sent times
-// behind our acknowledgement watermark. Its invariants: every gap is below
-// lastSeq, at most maxGaps are held, and a gap of seq 0 (send everything
-// again) is alone. The zero value has heard nothing.
+// where its sequence stands, the gaps still to nack or not merged yet, and
+// the Sent times behind our acknowledgement watermark. Its invariants:
+// every gap is below lastSeq, at most maxGaps are held, and a gap of seq 0
+// (send everything again) is alone. The zero value has heard nothing.
 type inStream struct {
 	lastSeq   uint64 // highest gossip seq received
 	seqKnown  bool   // lastSeq is where the sequence stands (from gossip or a full state)
 	heardSent int64  // Sent of the latest gossip batch merged
 	entrySent int64  // Sent of the latest gossip batch with entries merged
 	ackW      int64  // the member's latest acknowledgement watermark
-	gaps      []gap  // missing seqs still to nack
+	// base and floor bound what merged says: the seqs below base came
+	// before the gossip we heard first (with no full state covering
+	// them), and a seq at or below floor may have been a gap we forgot.
+	base, floor uint64
+	gaps        []gap // missing seqs: nacked nackRepeats times, then held until merged
 }
 
 // gap is a missing seq of a member's gossip, nacked in nackRepeats
-// consecutive batches of ours (seq 0: send everything again).
+// consecutive batches of ours (seq 0: send everything again), then held,
+// no longer nacked, until the batch or a repair of it (crdt.Repair) is
+// merged, so that merged stays false for it.
 type gap struct {
 	seq  uint64
 	sent uint8 // how many of our batches have nacked it so far
@@ -57,6 +63,7 @@ type gap struct {
 // sequence starts again.
 func (s *inStream) reset() {
 	s.lastSeq, s.seqKnown, s.heardSent, s.entrySent, s.ackW, s.gaps = 0, false, 0, 0, 0, s.gaps[:0]
+	s.base, s.floor = 0, 0
 }
 
 // track follows the member's gossip sequence with gossip batch b: gaps
@@ -64,19 +71,19 @@ func (s *inStream) reset() {
 // watermark.
 func (s *inStream) track(b *crdt.Batch) {
 	switch {
-	case !s.seqKnown || b.Seq == s.lastSeq+1:
+	case !s.seqKnown:
+		s.base = b.Seq
+	case b.Seq == s.lastSeq+1:
 	case b.Seq > s.lastSeq+1:
 		for q := s.lastSeq + 1; q < b.Seq; q++ {
-			if len(s.gaps) >= maxGaps {
+			if !s.addGap(gap{seq: q}) {
+				s.floor = max(s.floor, b.Seq-1)
 				s.gaps = append(s.gaps[:0], gap{}) // seq 0: send everything again
 				break
 			}
-			s.gaps = append(s.gaps, gap{seq: q})
 		}
 	default: // a late or duplicate batch may fill a gap
-		if i := slices.IndexFunc(s.gaps, func(g gap) bool { return g.seq == b.Seq }); i >= 0 {
-			s.gaps = slices.Delete(s.gaps, i, i+1)
-		}
+		s.fill(b.Seq)
 	}
 	s.lastSeq, s.seqKnown = max(s.lastSeq, b.Seq), true
 	s.heardSent = max(s.heardSent, b.Sent)
@@ -85,11 +92,65 @@ func (s *inStream) track(b *crdt.Batch) {
 	}
 }
 
+// addGap holds g, making room by forgetting the oldest gap no longer
+// nacked (merged turns false up to it); it reports false when every held
+// gap is still being nacked.
+func (s *inStream) addGap(g gap) bool {
+	if len(s.gaps) < maxGaps {
+		s.gaps = append(s.gaps, g)
+		return true
+	}
+	i := slices.IndexFunc(s.gaps, func(g gap) bool { return g.sent >= nackRepeats })
+	if i < 0 {
+		return false
+	}
+	s.floor = max(s.floor, s.gaps[i].seq)
+	s.gaps = append(slices.Delete(s.gaps, i, i+1), g)
+	return true
+}
+
+// fill notes that batch seq, or a repair of all it carried, is merged.
+func (s *inStream) fill(seq uint64) {
+	if i := slices.IndexFunc(s.gaps, func(g gap) bool { return g.seq == seq }); i >= 0 {
+		s.gaps = slices.Delete(s.gaps, i, i+1)
+	}
+}
+
+// partial notes that gossip batch seq, just tracked, was not merged whole
+// (an entry of a rule we do not hold, or of a window beyond the skew
+// bound): merged turns false for it, so a repair of it is merged.
+func (s *inStream) partial(seq uint64) {
+	if slices.ContainsFunc(s.gaps, func(g gap) bool { return g.seq == seq }) {
+		return
+	}
+	if !s.addGap(gap{seq: seq, sent: nackRepeats}) {
+		s.floor = max(s.floor, seq)
+	}
+}
+
+// merged reports whether we are sure to have merged every entry of the
+// member's gossip batch seq: it is at or below lastSeq, at or above the
+// first batch we heard (or covered by a full state), above any gap we
+// forgot, and no gap. A repair of such a batch (crdt.Repair) brings
+// nothing new: what it raises since went out in later batches of their
+// own, and we merge those or nack them. When unsure it reports false.
+func (s *inStream) merged(seq uint64) bool {
+	if !s.seqKnown || seq > s.lastSeq || seq < s.base || seq <= s.floor {
+		return false
+	}
+	for _, g := range s.gaps {
+		if g.seq == seq || g.seq == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // fullState notes a full state of the member carrying everything up to
 // seq: a later gap in the gossip sequence is a lost batch to nack.
 func (s *inStream) fullState(seq uint64) {
 	if !s.seqKnown {
-		s.lastSeq, s.seqKnown = seq, true
+		s.lastSeq, s.seqKnown, s.base = seq, true, 0
 	}
 }
 
@@ -107,14 +168,14 @@ func (s *inStream) takeNacks(slot crdt.Slot, nacks []crdt.Nack) ([]crdt.Nack, in
 	first := 0
 	keep := s.gaps[:0]
 	for _, g := range s.gaps {
-		if len(nacks) < crdt.MaxNacks {
+		if g.sent < nackRepeats && len(nacks) < crdt.MaxNacks {
 			nacks = append(nacks, crdt.Nack{Slot: slot, Seq: g.seq})
 			if g.sent == 0 {
 				first++
 			}
 			g.sent++
 		}
-		if g.sent < nackRepeats {
+		if g.sent < nackRepeats || g.seq != 0 {
 			keep = append(keep, g)
 		}
 	}
@@ -185,4 +246,12 @@ func ackOwed(order []*member, lastAck int64) bool {
 		}
 	}
 	return false
+}
+
+// Merged reports whether the core is sure to have merged every entry of
+// gossip batch seq of slot from, so that it skips window entries tagged as
+// a repair of that batch (crdt.Repair); false when unsure.
+func (c *Core) Merged(from crdt.Slot, seq uint64) bool {
+	m := c.members.byPeer[from.Peer]
+	return m != nil && m.inc == from.Incarnation && !m.evicted && m.merged(seq)
 }

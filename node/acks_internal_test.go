@@ -59,6 +59,70 @@ func TestInStreamTrack(t *testing.T) {
 	}
 }
 
+// TestInStreamMerged checks what a receiver claims to have merged, which
+// decides whether it skips a repair (crdt.Repair): only batches it surely
+// merged whole, never a gap — nacked or no longer nacked — nor a batch
+// from before the first it heard, a forgotten gap, or anything after a
+// request for everything.
+func TestInStreamMerged(t *testing.T) {
+	merged := func(s *inStream, upTo uint64) []uint64 {
+		var out []uint64
+		for q := range upTo + 1 {
+			if s.merged(q) {
+				out = append(out, q)
+			}
+		}
+		return out
+	}
+	var s inStream
+	if got := merged(&s, 5); got != nil {
+		t.Fatalf("nothing heard yet, merged %v", got)
+	}
+	s.track(&crdt.Batch{Seq: 3})
+	s.track(&crdt.Batch{Seq: 6}) // 4 and 5 lost
+	if got, want := merged(&s, 8), []uint64{3, 6}; !slices.Equal(got, want) {
+		t.Fatalf("after 3 and 6: merged %v, want %v (not before the first heard, not the gaps)", got, want)
+	}
+	// The gaps stay after their last nack, so a repair of them still merges.
+	m := &member{peer: "a", inc: 1, state: Alive, inStream: s}
+	for range nackRepeats + 2 {
+		takeNacks([]*member{m})
+	}
+	if got := gapSeqs(&m.inStream); !slices.Equal(got, []uint64{4, 5}) {
+		t.Fatalf("after nacking %d times: gaps %v, want [4 5] held", nackRepeats+2, got)
+	}
+	if nacks, _ := takeNacks([]*member{m}); len(nacks) != 0 {
+		t.Fatalf("held gaps nacked again: %v", nacks)
+	}
+	s = m.inStream
+	s.fill(4) // a repair of 4 merged whole
+	s.track(&crdt.Batch{Seq: 7})
+	s.partial(7) // 7 carried an entry of a rule we do not hold
+	if got, want := merged(&s, 8), []uint64{3, 4, 6}; !slices.Equal(got, want) {
+		t.Fatalf("after filling 4 and a partial 7: merged %v, want %v", got, want)
+	}
+	// More gaps than maxGaps: the held ones are forgotten oldest first,
+	// and merged turns false up to them.
+	s.track(&crdt.Batch{Seq: 8 + maxGaps - 1}) // 8 … 8+maxGaps-2 lost: one more than room
+	if got := [...]bool{s.merged(3), s.merged(5), s.merged(6), s.merged(7), s.merged(8 + maxGaps - 1)}; got != [...]bool{false, false, true, false, true} {
+		t.Errorf("after forgetting gap 5: merged 3, 5, 6, 7, latest = %v, want false, false, true, false, true", got)
+	}
+	// Too many nacked gaps: everything again, and nothing counts as merged.
+	s.track(&crdt.Batch{Seq: 10 + 3*maxGaps})
+	if got := gapSeqs(&s); !slices.Equal(got, []uint64{0}) {
+		t.Fatalf("gaps %v, want [0]", got)
+	}
+	if got := merged(&s, 10+3*maxGaps); got != nil {
+		t.Errorf("after asking for everything: merged %v, want none", got)
+	}
+	s.reset()
+	s.fullState(40)
+	s.track(&crdt.Batch{Seq: 42})
+	if got := merged(&s, 43); len(got) != 41 || got[0] != 1 || got[39] != 40 || got[40] != 42 {
+		t.Errorf("after a full state at 40 and gossip 42: merged %v, want 1…40 and 42", got)
+	}
+}
+
 // TestTakeNacksRepeatsAndBounds checks that every gap is nacked in
 // nackRepeats consecutive batches, counted once, at most crdt.MaxNacks per
 // batch, and that the gaps of dead and left members are not nacked.
@@ -81,6 +145,9 @@ func TestTakeNacksRepeatsAndBounds(t *testing.T) {
 		if !slices.Equal(nacks, want) || first != wantFirst {
 			t.Fatalf("round %d: nacks %v (first %d), want %v (first %d)", round, nacks, first, want, wantFirst)
 		}
+	}
+	if got := gapSeqs(&a.inStream); !slices.Equal(got, []uint64{3, 4}) {
+		t.Errorf("gaps after their last nack: %v, want [3 4] held until merged", got)
 	}
 
 	var big []*member

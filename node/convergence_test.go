@@ -154,3 +154,40 @@ func TestCoreConvergenceUnderLoss(t *testing.T) {
 		}
 	}
 }
+
+// TestCoreConvergenceNackRepairsAlone is TestCoreConvergenceUnderLoss with
+// the periodic repair out of reach (an hour): only the repairs that serve
+// nacks heal the losses, and the members that merged a repaired batch
+// skip its repair (crdt.Repair). Skipping must lose nothing: the mesh
+// converges all the same, and the skips did happen.
+func TestCoreConvergenceNackRepairsAlone(t *testing.T) {
+	for _, n := range []int{3, 10} {
+		for seed := uint64(1); seed <= 3; seed++ {
+			t.Run(fmt.Sprintf("%d_cores/seed_%d", n, seed), func(t *testing.T) {
+				reportSeed(t, seed)
+				net := clusterAt(t, n, seed, tMid, mixedRules(), func(c *node.CoreConfig) { c.RepairInterval = time.Hour })
+				net.Delay, net.Jitter = 5*time.Millisecond, 50*time.Millisecond
+				net.Loss, net.Duplicate = 0.05, 0.05
+				net.ShareDecoded = n > 3
+				run(t, net, 2*time.Second, traffic(t, net, 1))
+				stopped := net.Now()
+				for converged(t, net, mixedKeys) != "" {
+					if net.Now().Sub(stopped) > 5*time.Second {
+						t.Fatalf("not converged 5s after the traffic stopped:\n%s", converged(t, net, mixedKeys))
+					}
+					run(t, net, 50*time.Millisecond, nil)
+				}
+				var skipped, nacked uint64
+				for i := range net.Len() {
+					st := net.Core(i).Stats()
+					skipped += st.RepairsSkipped
+					nacked += st.NacksReceived
+				}
+				t.Logf("converged %v after the traffic stopped; %d nacks served, %d repair entries skipped", net.Now().Sub(stopped), nacked, skipped)
+				if nacked == 0 || skipped == 0 {
+					t.Fatalf("%d nacks served and %d repair entries skipped: the test did not exercise repairs", nacked, skipped)
+				}
+			})
+		}
+	}
+}

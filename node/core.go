@@ -84,6 +84,9 @@ type SkewChange struct {
 type Stats struct {
 	BatchesSent, BatchesReceived uint64
 	EntriesSent, EntriesMerged   uint64
+	// RepairsSkipped counts window entries tagged as repairs of a batch
+	// we had merged, which we skipped (crdt.Repair).
+	RepairsSkipped uint64
 	// Entries dropped: for a window already collected, for a window too
 	// far ahead, for a rule this member does not have, or from a stale
 	// incarnation's lease slot.
@@ -360,7 +363,8 @@ func (c *Core) reincarnate(now time.Time) {
 // mergeEntries merges a batch's entries and returns how many raised a
 // value. Lease entries are merged only when leases is true. from, when not
 // nil, is the sender's member, current with the batch's incarnation: its
-// slot is the one the sender's own entries resolve to.
+// slot is the one the sender's own entries resolve to, and entries tagged
+// as repairs of its batches that we merged are skipped (crdt.Repair).
 func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *member) int {
 	nowMs := c.MeshMs(now)
 	skewMs := c.cfg.MaxSkew.Milliseconds()
@@ -370,8 +374,41 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 	var sc slotCache
 	if from != nil && from.inc == b.From.Incarnation {
 		sc = slotCache{from: from.slot, fromOK: true}
+	} else {
+		from = nil
+	}
+	// The batch's fresh entries and then each repair group (crdt.Repair)
+	// form segments: seg is the one entry i is in (-1: the fresh part),
+	// end the entry after it, skip whether we skip it, whole whether
+	// every entry of it merged so far, and allWhole whether every
+	// segment merged did so whole.
+	seg, end, skip, whole, allWhole := -1, len(b.Windows), false, true, true
+	if len(b.Repairs) > 0 {
+		end = b.Fresh()
+	}
+	closeSeg := func() {
+		if skip {
+			return
+		}
+		allWhole = allWhole && whole
+		if seg >= 0 && whole && from != nil {
+			from.fill(b.Repairs[seg].Seq)
+		}
 	}
 	for i := range b.Windows {
+		if i == end {
+			closeSeg()
+			seg++
+			end += int(b.Repairs[seg].N)
+			whole = true
+			skip = from != nil && from.merged(b.Repairs[seg].Seq)
+			if skip {
+				c.stats.RepairsSkipped += uint64(b.Repairs[seg].N)
+			}
+		}
+		if skip {
+			continue
+		}
 		e := &b.Windows[i]
 		if e.Rule != lastRule || set == nil {
 			lastRule, set = e.Rule, nil
@@ -381,6 +418,7 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 		}
 		if set == nil {
 			c.stats.DroppedUnknownRule++
+			whole = false
 			continue
 		}
 		switch {
@@ -389,6 +427,7 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 			continue
 		case e.Window*e.WindowMs > nowMs+skewMs:
 			c.stats.DroppedFuture++
+			whole = false
 			continue
 		}
 		id := c.slotOf(b, e.Slot, &sc)
@@ -404,6 +443,10 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 			raised++
 			c.notePersist(w)
 		}
+	}
+	closeSeg()
+	if from != nil && !allWhole && !b.Has(crdt.FlagFull) {
+		from.partial(b.Seq)
 	}
 	for i := range b.Leases {
 		e := &b.Leases[i]

@@ -33,6 +33,10 @@ type meshClock struct {
 	samples  []int64   // scratch for update
 	echoQ    []*member // members owing an echo, in the order they came to owe it
 	echoOK   bool      // every live member has announced crdt.FlagEcho
+	// repairOK: every live member has announced crdt.FlagRepairs, so our
+	// batches may tag repairs (Core.nacked). Not a clock matter, but
+	// update visits every member once a heartbeat anyway.
+	repairOK bool
 	next     time.Time // the next re-estimate
 	// skewed is exceeded as of the last skewChange.
 	skewed bool
@@ -68,9 +72,12 @@ func (k *meshClock) meshMs(now time.Time) int64 {
 func (k *meshClock) step(now time.Time, m *member, b *crdt.Batch) {
 	nowMs, epochMs := now.UnixMilli(), k.epochMs
 	m.clockSample(b.Clock-nowMs, nowMs, epochMs)
-	m.echoes = b.Has(crdt.FlagEcho)
+	m.echoes, m.repairs = b.Has(crdt.FlagEcho), b.Has(crdt.FlagRepairs)
 	if !m.echoes {
 		k.echoOK = false // at once; update sets it again
+	}
+	if !m.repairs {
+		k.repairOK = false
 	}
 	for _, e := range b.Echoes {
 		if e.Peer == k.selfTag {
@@ -141,13 +148,14 @@ func (k *meshClock) tick(now time.Time, order []*member) {
 // understands echoes.
 func (k *meshClock) update(order []*member) {
 	k.samples = append(k.samples[:0], 0)
-	k.echoOK = true
+	k.echoOK, k.repairOK = true, true
 	for _, m := range order {
 		if m.live() && m.hasClock {
 			k.samples = append(k.samples, m.clockMs)
 		}
-		if m.live() && !m.evicted && !m.echoes {
-			k.echoOK = false
+		if m.live() && !m.evicted {
+			k.echoOK = k.echoOK && m.echoes
+			k.repairOK = k.repairOK && m.repairs
 		}
 	}
 	slices.Sort(k.samples)
@@ -218,6 +226,7 @@ type peerClock struct {
 	echoQueued  bool // in meshClock.echoQ
 	hasEchoed   bool
 	echoes      bool // its latest batch set crdt.FlagEcho: it understands echoes
+	repairs     bool // its latest batch set crdt.FlagRepairs: it understands repair tags
 }
 
 // clockSample records one one-way clock sample (their Clock − our raw

@@ -45,6 +45,12 @@ type sentBatch struct {
 	nacked bool
 }
 
+// repairGroup is the windows of our batch seq, which a member nacked.
+type repairGroup struct {
+	seq  uint64
+	wins []*crdt.Window
+}
+
 // outbox is the sending side of this member's gossip. Its invariants: ring
 // holds at most ringCap batches in increasing seq order, the last of them
 // (if any) numbered seq; nackedSeqs holds at most nackedMemory seqs, each
@@ -58,6 +64,9 @@ type outbox struct {
 	// The windows and lease counters published since the last repair.
 	repairWin map[*crdt.Window]struct{}
 	repairLs  map[*crdt.Series]struct{}
+	// repairs are nacked batches' windows to publish again tagged as
+	// repairs (crdt.Repair), in the order the nacks came.
+	repairs   []repairGroup
 	resendAll bool  // a nack asked for everything: publish every own value again
 	needAck   bool  // we merged something since our last batch: answer it
 	lastAck   int64 // the Ack of the last gossip batch we sent
@@ -184,6 +193,7 @@ func (o *outbox) repairSet(wins []*crdt.Window, ls []*crdt.Series) ([]*crdt.Wind
 // reset starts a new gossip sequence: the member took a new incarnation.
 func (o *outbox) reset() {
 	o.ring = o.ring[:0]
+	o.repairs = o.repairs[:0]
 	o.nackedSeqs = o.nackedSeqs[:0]
 	o.seq = 0
 }
@@ -224,8 +234,17 @@ func (c *Core) nacked(seq uint64) {
 	if sb == nil {
 		return
 	}
-	for _, sw := range sb.wins {
-		c.c.MarkDirty(sw.w)
+	if c.clock.repairOK && len(sb.wins) > 0 {
+		// Tagged, so that the members that merged the batch skip them.
+		g := repairGroup{seq: sb.seq, wins: make([]*crdt.Window, len(sb.wins))}
+		for i, sw := range sb.wins {
+			g.wins[i] = sw.w
+		}
+		c.out.repairs = append(c.out.repairs, g)
+	} else {
+		for _, sw := range sb.wins {
+			c.c.MarkDirty(sw.w)
+		}
 	}
 	for _, sl := range sb.leases {
 		c.c.MarkLeasesDirty(sl.s)
@@ -241,17 +260,26 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		c.markAllDirty()
 	}
 	wins, ls := c.c.TakeDirty()
+	groups := o.repairs
+	o.repairs = nil
 	o.published(wins, ls)
 	for _, w := range wins {
 		c.notePersist(w)
+	}
+	for _, g := range groups {
+		o.published(g.wins, nil)
+		for _, w := range g.wins {
+			c.notePersist(w)
+		}
 	}
 	if !now.Before(o.nextRepair) {
 		o.nextRepair = now.Add(c.cfg.RepairInterval)
 		wins, ls = o.repairSet(wins, ls)
 	}
+	groups = withoutFresh(groups, wins)
 	nacks, first := takeNacks(c.members.order)
 	c.stats.NacksSent += uint64(first)
-	due := len(wins)+len(ls) > 0 || o.needAck || len(nacks) > 0 || flags != 0 ||
+	due := len(wins)+len(ls)+len(groups) > 0 || o.needAck || len(nacks) > 0 || flags != 0 ||
 		now.Sub(o.lastSent) >= c.cfg.Heartbeat || o.lastSent.IsZero() || ackOwed(c.members.order, o.lastAck)
 	if !due {
 		return nil
@@ -259,19 +287,40 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 	o.needAck = false
 	o.lastAck = watermark(c.members.order)
 	o.lastSent = now
-	return c.build(now, wins, ls, nacks, flags)
+	return c.build(now, wins, ls, groups, nacks, flags)
+}
+
+// withoutFresh drops from the repair groups the windows published fresh
+// (untagged) in the same batches, and the groups left empty: every member
+// merges a fresh entry, which carries the current value anyway.
+func withoutFresh(groups []repairGroup, fresh []*crdt.Window) []repairGroup {
+	if len(groups) == 0 || len(fresh) == 0 {
+		return groups
+	}
+	in := make(map[*crdt.Window]struct{}, len(fresh))
+	for _, w := range fresh {
+		in[w] = struct{}{}
+	}
+	out := groups[:0]
+	for _, g := range groups {
+		g.wins = slices.DeleteFunc(g.wins, func(w *crdt.Window) bool { _, ok := in[w]; return ok })
+		if len(g.wins) > 0 {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // build turns entries into gossip batches of at most batchEntries each,
 // numbered in sequence and remembered until acknowledged.
-func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, nacks []crdt.Nack, flags uint64) []*crdt.Batch {
+func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, groups []repairGroup, nacks []crdt.Nack, flags uint64) []*crdt.Batch {
 	nowMs := c.MeshMs(now)
 	var out []*crdt.Batch
 	newBatch := func() *crdt.Batch {
 		c.out.seq++
 		b := &crdt.Batch{
 			Version: crdt.Version, From: c.self, Seq: c.out.seq, Sent: nowMs, Clock: now.UnixMilli(),
-			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags&^crdt.FlagLast | crdt.FlagEcho,
+			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags&^crdt.FlagLast | crdt.FlagEcho | crdt.FlagRepairs,
 		}
 		if len(out) == 0 {
 			b.Nacks = nacks
@@ -320,6 +369,31 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, nack
 		}
 		b.Leases = append(b.Leases, crdt.LeaseEntry{Rule: s.Rule().Name, Key: s.Key, Acquired: p, Released: n})
 		sb.leases = append(sb.leases, sentLease{s: s, v: int64(p) - int64(n)})
+	}
+	// The repairs come last, after every fresh window entry of their batch
+	// (crdt.Batch.Repairs).
+	for _, g := range groups {
+		for _, w := range g.wins {
+			own, att := w.Admitted.Get(c.selfID), w.Attempted.Get(c.selfID)
+			if att == 0 && own == 0 {
+				continue
+			}
+			n := len(b.Repairs)
+			tagged := n > 0 && b.Repairs[n-1].Seq == g.seq
+			if len(b.Windows)+len(b.Leases) >= batchEntries || !tagged && n >= crdt.MaxRepairs {
+				finish()
+				b = newBatch()
+				n, tagged = 0, false
+			}
+			if tagged {
+				b.Repairs[n-1].N++
+			} else {
+				b.Repairs = append(b.Repairs, crdt.Repair{Seq: g.seq, N: 1})
+			}
+			s := w.Series()
+			b.Windows = append(b.Windows, crdt.WindowEntry{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: own, Attempted: att})
+			sb.wins = append(sb.wins, sentWin{w: w, v: own})
+		}
 	}
 	finish()
 	if flags&crdt.FlagLast != 0 {
@@ -382,7 +456,7 @@ func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch 
 	newBatch := func() {
 		b = &crdt.Batch{
 			Version: crdt.Version, From: c.self, Seq: c.out.seq, Sent: nowMs, Clock: now.UnixMilli(),
-			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags | crdt.FlagEcho,
+			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags | crdt.FlagEcho | crdt.FlagRepairs,
 		}
 		index = make(map[crdt.SlotID]uint32)
 		out = append(out, b)

@@ -379,7 +379,7 @@ func (e *traceEnv) do(cmd string) (string, error) {
 			return "", err
 		}
 		st := e.net.Core(i).Stats()
-		fmt.Fprintf(&out, "nacks sent %d, received %d", st.NacksSent, st.NacksReceived)
+		fmt.Fprintf(&out, "nacks sent %d, received %d, repairs skipped %d", st.NacksSent, st.NacksReceived, st.RepairsSkipped)
 	default:
 		return "", fmt.Errorf("unknown command %q", f[0])
 	}
@@ -455,6 +455,13 @@ func (e *traceEnv) fmtBatch(b *crdt.Batch) string {
 	}
 	if len(es) > 0 {
 		f = append(f, "["+strings.Join(es, " ")+"]")
+	}
+	var rs []string
+	for _, r := range b.Repairs {
+		rs = append(rs, fmt.Sprintf("#%d:%d", r.Seq, r.N))
+	}
+	if len(rs) > 0 {
+		f = append(f, "repairs="+strings.Join(rs, ","))
 	}
 	var ns []string
 	for _, n := range b.Nacks {

@@ -174,7 +174,7 @@ func (s *sim) noteDelivery(from, r int, b *crdt.Batch) {
 				for k := range b.Windows {
 					w := &b.Windows[k]
 					if w.Slot == 0 && w.Window == e.Window && w.WindowMs == e.WindowMs && w.Admitted >= e.Admitted &&
-						w.Attempted >= e.Attempted && w.Key == e.Key && w.Rule == e.Rule {
+						w.Attempted >= e.Attempted && w.Key == e.Key && w.Rule == e.Rule && s.merges(r, b, k) {
 						m &^= 1 << j
 						break
 					}
@@ -187,6 +187,30 @@ func (s *sim) noteDelivery(from, r int, b *crdt.Batch) {
 		}
 	}
 	s.closeDone(from)
+}
+
+// merges reports whether receiver r merges window entry k of b: a fresh
+// entry always, an entry tagged as a repair (crdt.Repair) only when r has
+// not merged the batch it repairs (node.Core.Merged), counting a batch r
+// holds among its pending deliveries as merged, since r steps it first.
+func (s *sim) merges(r int, b *crdt.Batch, k int) bool {
+	end := b.Fresh()
+	if k < end {
+		return true
+	}
+	var seq uint64
+	for _, rp := range b.Repairs {
+		if end += int(rp.N); k < end {
+			seq = rp.Seq
+			break
+		}
+	}
+	for _, p := range s.pending[r] {
+		if p.b.Seq == seq && p.b.From == b.From && !p.b.Has(crdt.FlagFull) {
+			return false
+		}
+	}
+	return !s.nodes[r].core.Merged(b.From, seq)
 }
 
 func (s *sim) closeDone(from int) {
