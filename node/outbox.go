@@ -259,9 +259,19 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		o.resendAll = false
 		c.markAllDirty()
 	}
-	wins, ls := c.c.TakeDirty()
 	groups := o.repairs
 	o.repairs = nil
+	if len(groups) > 0 && !c.clock.repairOK {
+		// A member that cannot read the tags turned up since the nacks:
+		// everyone gets the repeats untagged.
+		for _, g := range groups {
+			for _, w := range g.wins {
+				c.c.MarkDirty(w)
+			}
+		}
+		groups = nil
+	}
+	wins, ls := c.c.TakeDirty()
 	o.published(wins, ls)
 	for _, w := range wins {
 		c.notePersist(w)
