@@ -130,8 +130,7 @@ func (s *inStream) partial(seq uint64) {
 
 // merged reports whether we are sure to have merged every entry of the
 // member's gossip batch seq: it is at or below lastSeq, at or above the
-// first batch we heard (or covered by a full state), above any gap we
-// forgot, and no gap. A repair of such a batch (crdt.Repair) brings
+// first gossip batch we heard, above any gap we forgot, and no gap. A repair of such a batch (crdt.Repair) brings
 // nothing new: what it raises since went out in later batches of their
 // own, and we merge those or nack them. When unsure it reports false.
 func (s *inStream) merged(seq uint64) bool {
@@ -150,7 +149,9 @@ func (s *inStream) merged(seq uint64) bool {
 // seq: a later gap in the gossip sequence is a lost batch to nack.
 func (s *inStream) fullState(seq uint64) {
 	if !s.seqKnown {
-		s.lastSeq, s.seqKnown, s.base = seq, true, 0
+		// Not merged for repairs (merged): a full state may arrive torn
+		// or merge only in part, and it names no batch.
+		s.lastSeq, s.seqKnown, s.base = seq, true, seq+1
 	}
 }
 

@@ -257,6 +257,7 @@ func (c *Core) learnMembers(now time.Time, from string, es []crdt.MemberEntry) {
 		m := &member{peer: e.Peer, inc: e.Incarnation, state: st, lastHeard: heard, tag: crdt.PeerTag(e.Peer)}
 		m.slot = c.intern(crdt.Slot{Peer: e.Peer, Incarnation: e.Incarnation}, m)
 		c.members.add(m)
+		c.clock.repairOK = false // until we hear that it reads repair tags
 		added = true
 	}
 	if added {

@@ -45,10 +45,13 @@ type sentBatch struct {
 	nacked bool
 }
 
-// repairGroup is the windows of our batch seq, which a member nacked.
+// repairGroup is the windows of our batch seq, which a member nacked,
+// with the own values that batch carried: a repeat counts as
+// acknowledged only up to them, since a member that merged the batch
+// skips the repeat (later values count through their own batches).
 type repairGroup struct {
 	seq  uint64
-	wins []*crdt.Window
+	wins []sentWin
 }
 
 // outbox is the sending side of this member's gossip. Its invariants: ring
@@ -236,11 +239,7 @@ func (c *Core) nacked(seq uint64) {
 	}
 	if c.clock.repairOK && len(sb.wins) > 0 {
 		// Tagged, so that the members that merged the batch skip them.
-		g := repairGroup{seq: sb.seq, wins: make([]*crdt.Window, len(sb.wins))}
-		for i, sw := range sb.wins {
-			g.wins[i] = sw.w
-		}
-		c.out.repairs = append(c.out.repairs, g)
+		c.out.repairs = append(c.out.repairs, repairGroup{seq: sb.seq, wins: slices.Clone(sb.wins)})
 	} else {
 		for _, sw := range sb.wins {
 			c.c.MarkDirty(sw.w)
@@ -265,8 +264,8 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		// A member that cannot read the tags turned up since the nacks:
 		// everyone gets the repeats untagged.
 		for _, g := range groups {
-			for _, w := range g.wins {
-				c.c.MarkDirty(w)
+			for _, sw := range g.wins {
+				c.c.MarkDirty(sw.w)
 			}
 		}
 		groups = nil
@@ -277,9 +276,9 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		c.notePersist(w)
 	}
 	for _, g := range groups {
-		o.published(g.wins, nil)
-		for _, w := range g.wins {
-			c.notePersist(w)
+		for _, sw := range g.wins {
+			o.repairWin[sw.w] = struct{}{} // as published does
+			c.notePersist(sw.w)
 		}
 	}
 	if !now.Before(o.nextRepair) {
@@ -313,7 +312,7 @@ func withoutFresh(groups []repairGroup, fresh []*crdt.Window) []repairGroup {
 	}
 	out := groups[:0]
 	for _, g := range groups {
-		g.wins = slices.DeleteFunc(g.wins, func(w *crdt.Window) bool { _, ok := in[w]; return ok })
+		g.wins = slices.DeleteFunc(g.wins, func(sw sentWin) bool { _, ok := in[sw.w]; return ok })
 		if len(g.wins) > 0 {
 			out = append(out, g)
 		}
@@ -381,28 +380,35 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, grou
 		sb.leases = append(sb.leases, sentLease{s: s, v: int64(p) - int64(n)})
 	}
 	// The repairs come last, after every fresh window entry of their batch
-	// (crdt.Batch.Repairs).
+	// (crdt.Batch.Repairs). A group is never split: a receiver that merged
+	// the first part would take the repaired batch for merged and skip the
+	// rest. It fits an empty batch, being at most a batch's entries.
 	for _, g := range groups {
-		for _, w := range g.wins {
+		type entry struct {
+			e  crdt.WindowEntry
+			sw sentWin
+		}
+		var es []entry
+		for _, sw := range g.wins {
+			w := sw.w
 			own, att := w.Admitted.Get(c.selfID), w.Attempted.Get(c.selfID)
 			if att == 0 && own == 0 {
 				continue
 			}
-			n := len(b.Repairs)
-			tagged := n > 0 && b.Repairs[n-1].Seq == g.seq
-			if len(b.Windows)+len(b.Leases) >= batchEntries || !tagged && n >= crdt.MaxRepairs {
-				finish()
-				b = newBatch()
-				n, tagged = 0, false
-			}
-			if tagged {
-				b.Repairs[n-1].N++
-			} else {
-				b.Repairs = append(b.Repairs, crdt.Repair{Seq: g.seq, N: 1})
-			}
 			s := w.Series()
-			b.Windows = append(b.Windows, crdt.WindowEntry{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: own, Attempted: att})
-			sb.wins = append(sb.wins, sentWin{w: w, v: own})
+			es = append(es, entry{crdt.WindowEntry{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: own, Attempted: att}, sw})
+		}
+		if len(es) == 0 {
+			continue
+		}
+		if len(b.Windows)+len(b.Leases)+len(es) > batchEntries || len(b.Repairs) >= crdt.MaxRepairs {
+			finish()
+			b = newBatch()
+		}
+		b.Repairs = append(b.Repairs, crdt.Repair{Seq: g.seq, N: uint32(len(es))})
+		for _, x := range es {
+			b.Windows = append(b.Windows, x.e)
+			sb.wins = append(sb.wins, x.sw)
 		}
 	}
 	finish()
@@ -535,10 +541,11 @@ func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch 
 }
 
 // Pending reports whether own changes wait for the next gossip batch:
-// values a decision, a lease or a nack marked dirty, or a nack's request
-// to publish everything again. False after Leave.
+// values a decision, a lease or a nack marked dirty, a nacked batch's
+// repair, or a nack's request to publish everything again. False after
+// Leave.
 func (c *Core) Pending() bool {
-	return !c.closed && (c.c.Dirty() > 0 || c.out.resendAll)
+	return !c.closed && (c.c.Dirty() > 0 || c.out.resendAll || len(c.out.repairs) > 0)
 }
 
 // LastPublished returns the local time the latest gossip batch was built

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -46,5 +47,83 @@ func TestRepairTagsNeedEveryMember(t *testing.T) {
 		if err := out[0].Validate(); err != nil {
 			t.Errorf("readable %v: %v", readable, err)
 		}
+	}
+}
+
+// newRepairCore is a core of peer a with one hour-long fixed window rule
+// "api", reading repair tags.
+func newRepairCore(t *testing.T) *Core {
+	t.Helper()
+	cfg := DefaultCoreConfig()
+	cfg.Peer, cfg.Incarnation = "a", NextIncarnation(0, tIn)
+	cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 1 << 40, Window: time.Hour}}
+	c, err := NewCore(cfg, tIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.clock.repairOK = true
+	return c
+}
+
+// TestRepairGroupNeverSplit: a nacked batch of 1500 entries, repaired
+// with 1000 fresh entries, goes out whole in a batch of its own: a
+// receiver that merged half a group would take the batch for merged and
+// skip the other half.
+func TestRepairGroupNeverSplit(t *testing.T) {
+	c := newRepairCore(t)
+	allow := func(from, to int) {
+		for i := from; i < to; i++ {
+			if _, err := c.Allow(tIn, "api", fmt.Sprint("k", i), limiter.Request{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	allow(0, 1500)
+	x := c.flush(tIn, 0)
+	if len(x) != 1 || len(x[0].Windows) != 1500 {
+		t.Fatalf("first flush: %d batches, want one of 1500 entries", len(x))
+	}
+	c.nacked(x[0].Seq)
+	allow(1500, 2500)
+	out := c.flush(tIn.Add(time.Second), 0)
+	tagged := 0
+	for i, b := range out {
+		if err := b.Validate(); err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		for _, r := range b.Repairs {
+			if r.Seq != x[0].Seq || r.N != 1500 {
+				t.Errorf("batch %d repairs %d entries of batch %d, want all 1500 of %d", i, r.N, r.Seq, x[0].Seq)
+			}
+			tagged += int(r.N)
+		}
+	}
+	if len(out) != 2 || tagged != 1500 || out[0].Fresh() != 1000 {
+		t.Errorf("%d batches with %d tagged entries, the first with %d fresh; want 2, 1500, 1000", len(out), tagged, out[0].Fresh())
+	}
+}
+
+// TestRepairAcknowledgesTheRepairedValue: a repeat carries the current
+// value, but counts as acknowledged only up to the value the repaired
+// batch carried. A member that merged that batch skips the repeat, and
+// may have lost the later batch that raised the value.
+func TestRepairAcknowledgesTheRepairedValue(t *testing.T) {
+	c := newRepairCore(t)
+	for i := range 2 {
+		if _, err := c.Allow(tIn, "api", "k", limiter.Request{}); err != nil {
+			t.Fatal(err)
+		}
+		if out := c.flush(tIn.Add(time.Duration(i)*time.Second), 0); len(out) != 1 || out[0].Windows[0].Admitted != uint64(i+1) {
+			t.Fatalf("flush %d: %+v, want k at %d", i, out, i+1)
+		}
+	}
+	c.nacked(1) // batch 1 carried k = 1; batch 2 k = 2
+	out := c.flush(tIn.Add(2*time.Second), 0)
+	if len(out) != 1 || len(out[0].Repairs) != 1 || out[0].Windows[0].Admitted != 2 {
+		t.Fatalf("repair batches %+v, want one carrying k = 2 tagged", out)
+	}
+	sb := c.out.ring[len(c.out.ring)-1]
+	if sb.seq != out[0].Seq || len(sb.wins) != 1 || sb.wins[0].v != 1 {
+		t.Errorf("the repair is remembered as %+v, want k acknowledged up to 1", sb)
 	}
 }

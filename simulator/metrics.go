@@ -128,7 +128,9 @@ func (s *sim) maybeSample(from int, b *crdt.Batch) sampleSet {
 		return nil
 	}
 	var ss sampleSet
-	for i := range b.Windows {
+	// Only fresh entries: a repeat tagged as a repair (crdt.Repair) is
+	// an old value, which the receivers that merged its batch skip.
+	for i := range b.Fresh() {
 		e := b.Windows[i]
 		ri, ok := s.ruleIdx[e.Rule]
 		if !ok {
