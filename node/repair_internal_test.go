@@ -16,13 +16,7 @@ import (
 // would refuse the whole batch).
 func TestRepairTagsNeedEveryMember(t *testing.T) {
 	for _, readable := range []bool{true, false} {
-		cfg := DefaultCoreConfig()
-		cfg.Peer, cfg.Incarnation = "a", NextIncarnation(0, tIn)
-		cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 100, Window: time.Hour}}
-		c, err := NewCore(cfg, tIn)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := newRepairCore(t)
 		if _, err := c.Allow(tIn, "api", "k", limiter.Request{}); err != nil {
 			t.Fatal(err)
 		}
@@ -30,10 +24,9 @@ func TestRepairTagsNeedEveryMember(t *testing.T) {
 		if len(first) != 1 || len(first[0].Windows) != 1 {
 			t.Fatalf("first batches %+v, want one with one window entry", first)
 		}
-		c.clock.repairOK = true
 		c.nacked(first[0].Seq)
 		c.clock.repairOK = readable
-		out := c.flush(tIn.Add(cfg.SyncInterval), 0)
+		out := c.flush(tIn.Add(c.cfg.SyncInterval), 0)
 		if len(out) != 1 || len(out[0].Windows) != 1 || out[0].Windows[0].Key != "k" {
 			t.Fatalf("readable %v: batches %+v, want one carrying k again", readable, out)
 		}
