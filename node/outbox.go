@@ -355,17 +355,16 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, grou
 		sb = sentBatch{}
 	}
 	for _, w := range wins {
-		own, att := w.Admitted.Get(c.selfID), w.Attempted.Get(c.selfID)
-		if att == 0 && own == 0 {
+		e, ok := c.ownEntry(w)
+		if !ok {
 			continue
 		}
 		if len(b.Windows)+len(b.Leases) >= batchEntries {
 			finish()
 			b = newBatch()
 		}
-		s := w.Series()
-		b.Windows = append(b.Windows, crdt.WindowEntry{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: own, Attempted: att})
-		sb.wins = append(sb.wins, sentWin{w: w, v: own})
+		b.Windows = append(b.Windows, e)
+		sb.wins = append(sb.wins, sentWin{w: w, v: e.Admitted})
 	}
 	for _, s := range ls {
 		p, n := s.Leases.P.Get(c.selfID), s.Leases.N.Get(c.selfID)
@@ -390,13 +389,9 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, grou
 		}
 		var es []entry
 		for _, sw := range g.wins {
-			w := sw.w
-			own, att := w.Admitted.Get(c.selfID), w.Attempted.Get(c.selfID)
-			if att == 0 && own == 0 {
-				continue
+			if e, ok := c.ownEntry(sw.w); ok {
+				es = append(es, entry{e, sw})
 			}
-			s := w.Series()
-			es = append(es, entry{crdt.WindowEntry{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: own, Attempted: att}, sw})
 		}
 		if len(es) == 0 {
 			continue
@@ -538,6 +533,14 @@ func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch 
 	}
 	out[len(out)-1].Flags |= crdt.FlagLast
 	return out
+}
+
+// ownEntry returns the gossip entry of our own values in w, false when
+// we hold none there.
+func (c *Core) ownEntry(w *crdt.Window) (crdt.WindowEntry, bool) {
+	own, att := w.Admitted.Get(c.selfID), w.Attempted.Get(c.selfID)
+	s := w.Series()
+	return crdt.WindowEntry{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: own, Attempted: att}, att != 0 || own != 0
 }
 
 // Pending reports whether own changes wait for the next gossip batch:
