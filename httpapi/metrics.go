@@ -131,6 +131,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEntries, st.DroppedUnknownRule, "unknown_rule")
 	counter(descEntries, st.DroppedStale, "stale")
 	counter(descEntries, st.RepairsSkipped, "already_merged")
+	counter(descEntries, st.RelayLowering, "lowering_relay")
 	counter(descPersist, st.PersistErrors)
 	hs := n.HoldStats()
 	counter(descHeld, hs.HeldAdmitted, "admitted")

@@ -91,8 +91,12 @@ type Stats struct {
 	// far ahead, for a rule this member does not have, or from a stale
 	// incarnation's lease slot.
 	DroppedExpired, DroppedFuture, DroppedUnknownRule, DroppedStale uint64
-	NacksSent, NacksReceived                                        uint64
-	WindowsCollected                                                uint64
+	// RelayLowering counts relayed lease entries whose released count
+	// was above this member's and was not taken: only a slot's author
+	// lowers its live leases (Core.relayedLease).
+	RelayLowering            uint64
+	NacksSent, NacksReceived uint64
+	WindowsCollected         uint64
 	// KeysCollected counts keys dropped once none of their windows was
 	// live any more (eviction of idle keys; see max_keys).
 	KeysCollected uint64
@@ -463,12 +467,38 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 		if id == c.selfID {
 			continue
 		}
-		if l.Set().Ensure(e.Key).Leases.Raise(id, e.Acquired, e.Released) {
+		ls := &l.Set().Ensure(e.Key).Leases
+		acq, rel := e.Acquired, e.Released
+		if id != c.slotOf(b, 0, &sc) {
+			acq, rel = c.relayedLease(ls, id, acq, rel)
+		}
+		if ls.Raise(id, acq, rel) {
 			raised++
 		}
 	}
 	c.stats.EntriesMerged += uint64(raised)
 	return raised
+}
+
+// relayedLease returns what a relayed lease entry (acquired, released)
+// of slot id may raise ls to. Merge takes each half's maximum, and for a
+// PN pair a higher released count is a lower live count: a relay that
+// could raise it could make every receiver forget another member's live
+// leases. So only the slot's author lowers its count (its gossip, its own
+// full state); a relay's released count is never taken, and its acquired
+// count only up to what keeps the slot's live count at the relay's
+// (acquired − released, which Validate keeps non-negative and the
+// plausibility check bounds). An honest relay thus shows a joiner the
+// slot's true live count; any relay can only raise it.
+func (c *Core) relayedLease(ls *crdt.PNCounter, id crdt.SlotID, acq, rel uint64) (uint64, uint64) {
+	have := ls.N.Get(id)
+	if rel > have {
+		c.stats.RelayLowering++
+	}
+	if most := have + (acq - rel); acq > most {
+		acq = most
+	}
+	return acq, have
 }
 
 func (c *Core) entrySlot(b *crdt.Batch, i uint32) crdt.SlotID {
