@@ -18,6 +18,11 @@ import (
 //	T(t) = min(b, b + r·(t − s_k) − A_k − max(W_k, b − B_k))
 //	B_k  = min(b, b + r·G − A_{k−1} − W_{k−1})   (initial if epoch k−1 holds nothing)
 //
+// A key whose epochs k−1 and k hold nothing yet starts at its first use t₀
+// with initial credits: the consumption at t₀ raises W_k to b − initial +
+// r·(t₀ − s_k), the refill of the epoch before t₀, so T(t) = min(b,
+// initial + r·(t − t₀) − A_k) from then on.
+//
 // and a member consuming at t first raises W_k (in its own slot) to
 // max(W_k, b − B_k) + max(0, T_raw(t) − b), T_raw being T before the cap.
 // docs/token-bucket.md shows that this is the single bucket, exactly, on a
@@ -80,6 +85,15 @@ func (r *Rule) bucketAt(limit uint64, nowMs, g int64, prev, cur epochSums) bucke
 		begin = math.Min(b, b+rate*float64(g)-prev.consumed-prev.burned)
 	}
 	base := math.Max(cur.burned, b-begin)
+	if !prev.ok && cur.consumed == 0 && cur.burned == 0 {
+		// A key nobody has used in this epoch or the last (new, or idle
+		// long enough to be collected) starts now with initial credits,
+		// not with initial plus what refilled since the epoch began: its
+		// first consumption burns that refill (the burn it records is
+		// the epoch offset it started at), so every member reads the
+		// bucket as begun at that moment.
+		base += rate * float64(nowMs-start)
+	}
 	raw := b + rate*float64(nowMs-start) - cur.consumed - base
 	st := bucketState{tokens: math.Min(b, raw)}
 	if need := base + math.Max(0, raw-b); need > 0 {

@@ -162,6 +162,46 @@ func TestBucketInitial(t *testing.T) {
 	}
 }
 
+// TestBucketInitialMidEpoch: a key first used in the middle of an epoch
+// starts with initial credits then, not with initial plus the refill since
+// the epoch began (issue 26: with max 200, refill 10/s, initial 20, 250
+// fast requests on a new key 17 s into its 40 s epoch admitted 201). Over
+// 250 ms it admits initial plus that quarter second's refill, within one
+// request; and a second member that merges the first's counters reads the
+// same bucket.
+func TestBucketInitialMidEpoch(t *testing.T) {
+	r := bucketRule(200, 10, time.Second)
+	r.Initial, r.HasInitial = 20, true
+	l, c := newLimiter(t, r)
+	g := r.BucketEpochMs()
+	if g != 40000 {
+		t.Fatalf("epoch %d ms, want 40000 (twice 20 s to fill)", g)
+	}
+	start := floorDiv(t0, g)*g + 17300 // 17.3 s into an epoch
+	env := Env{NowMs: start, Members: 1}
+	got := 0
+	for i := range 250 {
+		env.NowMs = start + int64(i)
+		if allow(t, l, "k", Request{}, env).Allowed {
+			got++
+		}
+	}
+	// initial 20 + 249 ms × 10/s = 22.49 credits.
+	if got < 22 || got > 23 {
+		t.Fatalf("a new key mid-epoch admitted %d of 250 fast requests, want initial 20 + 2.49 refilled (22, within one request)", got)
+	}
+	oc := crdt.NewContainer()
+	other, err := New(r, oc, self+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mergeInto(oc, c)
+	env.NowMs = start + 1250 // ten more credits refilled
+	if d := allow(t, other, "k", Request{}, env); !d.Allowed || d.Remaining < 9 || d.Remaining > 10 {
+		t.Fatalf("a member that merged the first's counters, a second later: %+v, want about 10 credits", d)
+	}
+}
+
 // TestBucketMergedNeverExceedsOne: members that merge each other's
 // counters late never admit, together, more than one bucket would, and a
 // member that knows every slot sees exactly the single bucket.

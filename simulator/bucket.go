@@ -34,14 +34,14 @@ func newRefBucket(r *limiter.Rule, limit uint64) refBucket {
 }
 
 // take offers cost credits at nowMs and returns the credits admitted (cost
-// or 0). A key starts, like a rule's bucket, with initial credits at the
-// start of the epoch of its first request (g ms long).
-func (rb *refBucket) take(nowMs, g int64, cost uint64) uint64 {
+// or 0). A key starts, like a rule's bucket, with initial credits at its
+// first request.
+func (rb *refBucket) take(nowMs int64, cost uint64) uint64 {
 	if rb.b == 0 {
 		return 0
 	}
 	if !rb.started {
-		rb.started, rb.lastMs, rb.tokens = true, nowMs/g*g, rb.init
+		rb.started, rb.lastMs, rb.tokens = true, nowMs, rb.init
 	}
 	rb.tokens = math.Min(rb.b, rb.tokens+rb.rate*float64(nowMs-rb.lastMs))
 	rb.lastMs = nowMs
