@@ -162,13 +162,28 @@ func TestFrontFlood(t *testing.T) {
 	if len(admitted) < 4 {
 		t.Fatalf("only %d full windows", len(admitted))
 	}
+	// The clients are scheduled to offer 24,000 a window; a window offered
+	// under 8,000 means this machine could not run them, and tests no
+	// utilisation or latency of the limiter's.
+	keptUp := true
 	for i, a := range admitted {
 		if float64(a) > 1.02*1000 {
 			t.Errorf("window %d: %d admitted, over 1.02 × 1000", idx[i], a)
 		}
+		tl.mu.Lock()
+		offered := tl.offered[idx[i]]
+		tl.mu.Unlock()
+		if offered < 8000 {
+			t.Logf("window %d: only %d offered, the load generator fell behind", idx[i], offered)
+			keptUp = false
+			continue
+		}
 		if a < 900 && !raceEnabled {
 			t.Errorf("window %d: %d admitted, want at least 900 of 1000 under a flood", idx[i], a)
 		}
+	}
+	if !keptUp {
+		t.Skip("the load generator fell behind (this machine is too busy to flood three members); the upper bound held, utilisation and latency are not checked")
 	}
 	// The race detector slows everything 5–10× on a loaded host; the
 	// latency bound is checked without it.
