@@ -2,12 +2,14 @@ package envoy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -15,12 +17,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratemesh/ratemesh/apiauth"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
@@ -46,6 +51,15 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger receives errors; nil discards them.
 	Logger *slog.Logger
+	// Tokens authorises calls by the bearer token in their
+	// "authorization" metadata ("Bearer TOKEN"): ShouldRateLimit needs
+	// the decide scope (admin implies it); the health service is open.
+	// Nil asks for no token.
+	Tokens *apiauth.Tokens
+	// TLS serves gRPC over TLS with this config (apiauth.Certs'
+	// ServerConfig("h2"): with a client CA, clients need a certificate);
+	// nil serves plaintext HTTP/2.
+	TLS *tls.Config
 }
 
 // Server is envoyproxy/ratelimit's gRPC service over a ratemesh node
@@ -84,10 +98,79 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.SetServing(false)
-	s.grpc = grpc.NewServer()
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(unaryAuth(cfg.Tokens)),
+		grpc.ChainStreamInterceptor(streamAuth(cfg.Tokens)),
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	s.grpc = grpc.NewServer(opts...)
 	rlspb.RegisterRateLimitServiceServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	return s, nil
+}
+
+// healthPrefix starts the methods of the health service, which stay
+// open: Envoy's health checks and orchestrators' probes carry no token,
+// and they learn only SERVING or NOT_SERVING.
+const healthPrefix = "/grpc.health.v1.Health/"
+
+// scopeOf is the scope a method needs.
+func scopeOf(method string) apiauth.Scope {
+	if strings.HasPrefix(method, healthPrefix) {
+		return apiauth.None
+	}
+	return apiauth.Decide
+}
+
+// authorize checks the call's "authorization" metadata against toks:
+// codes.Unauthenticated without a valid token, codes.PermissionDenied
+// when its scope is too low.
+func authorize(ctx context.Context, toks *apiauth.Tokens, method string) error {
+	if toks == nil {
+		return nil
+	}
+	need := scopeOf(method)
+	if need == apiauth.None {
+		return nil
+	}
+	var tok string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		for _, v := range md.Get("authorization") {
+			if tok = apiauth.BearerToken(v); tok != "" {
+				break
+			}
+		}
+	}
+	err := toks.Authorize(tok, need)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, apiauth.ErrForbidden):
+		return status.Error(codes.PermissionDenied, err.Error())
+	case tok == "":
+		return status.Error(codes.Unauthenticated, "authorization: a bearer token is required in the authorization metadata (\"Bearer TOKEN\"; Envoy: grpc_service.initial_metadata)")
+	}
+	return status.Error(codes.Unauthenticated, err.Error())
+}
+
+func unaryAuth(toks *apiauth.Tokens) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := authorize(ctx, toks, info.FullMethod); err != nil {
+			return nil, err
+		}
+		return h(ctx, req)
+	}
+}
+
+func streamAuth(toks *apiauth.Tokens) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if err := authorize(ss.Context(), toks, info.FullMethod); err != nil {
+			return err
+		}
+		return h(srv, ss)
+	}
 }
 
 // Serve serves gRPC on ln until Stop; it returns nil after Stop.
