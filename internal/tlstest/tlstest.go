@@ -73,11 +73,12 @@ type Leaf struct {
 	Serial          *big.Int
 }
 
-// Server issues a server certificate for 127.0.0.1, ::1 and localhost.
-func (ca *CA) Server(t testing.TB, name string) *Leaf {
+// Server issues a server certificate for 127.0.0.1, ::1, localhost and
+// dnsNames.
+func (ca *CA) Server(t testing.TB, name string, dnsNames ...string) *Leaf {
 	t.Helper()
 	return ca.issue(t, name, x509.ExtKeyUsageServerAuth, func(c *x509.Certificate) {
-		c.DNSNames = []string{"localhost"}
+		c.DNSNames = append([]string{"localhost"}, dnsNames...)
 		c.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 	})
 }
