@@ -110,34 +110,48 @@ func (a *clientAuth) client(addr string, conns int, timeout time.Duration) (*api
 		case strings.HasPrefix(base, "http://"):
 			base = "https://" + strings.TrimPrefix(base, "http://")
 		}
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if *a.ca != "" {
-			data, err := os.ReadFile(*a.ca)
-			if err != nil {
-				return nil, fmt.Errorf("--ca: %w", err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(data) {
-				return nil, fmt.Errorf("--ca %s: no PEM certificate in the file", *a.ca)
-			}
-		}
-		if (*a.cert == "") != (*a.key == "") {
-			return nil, errors.New("--tls-cert and --tls-key: give both or neither")
-		}
-		if *a.cert != "" {
-			c, err := tls.LoadX509KeyPair(*a.cert, *a.key)
-			if err != nil {
-				return nil, fmt.Errorf("--tls-cert %s and --tls-key %s: %w", *a.cert, *a.key, err)
-			}
-			tc.Certificates = []tls.Certificate{c}
+		tc, err := a.tlsConfig()
+		if err != nil {
+			return nil, err
 		}
 		hc.Transport.(*http.Transport).TLSClientConfig = tc
 	}
-	tok := *a.token
-	if tok == "" {
-		tok = strings.TrimSpace(os.Getenv(envToken))
+	return &apiClient{base: base, http: hc, token: a.bearer()}, nil
+}
+
+// bearer returns --token, else $RATEMESH_TOKEN, "" for none.
+func (a *clientAuth) bearer() string {
+	if *a.token != "" {
+		return *a.token
 	}
-	return &apiClient{base: base, http: hc, token: tok}, nil
+	return strings.TrimSpace(os.Getenv(envToken))
+}
+
+// tlsConfig returns the client TLS config of --ca, --tls-cert and
+// --tls-key; errors name the flag.
+func (a *clientAuth) tlsConfig() (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if *a.ca != "" {
+		data, err := os.ReadFile(*a.ca)
+		if err != nil {
+			return nil, fmt.Errorf("--ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(data) {
+			return nil, fmt.Errorf("--ca %s: no PEM certificate in the file", *a.ca)
+		}
+	}
+	if (*a.cert == "") != (*a.key == "") {
+		return nil, errors.New("--tls-cert and --tls-key: give both or neither")
+	}
+	if *a.cert != "" {
+		c, err := tls.LoadX509KeyPair(*a.cert, *a.key)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert %s and --tls-key %s: %w", *a.cert, *a.key, err)
+		}
+		tc.Certificates = []tls.Certificate{c}
+	}
+	return tc, nil
 }
 
 // apiClient calls one node's API.

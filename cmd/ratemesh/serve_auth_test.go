@@ -86,7 +86,9 @@ func TestServeRefusesAnOpenAPI(t *testing.T) {
 	tokens := filepath.Join(dir, "tokens")
 	const admin, decide = "serve-admin-token-0123456789", "serve-decide-token-0123456789"
 	tlstest.WriteFile(t, tokens, []byte("admin "+admin+"\ndecide "+decide+"\n"))
-	s := startServe(t, bin, "--api", "0.0.0.0:0", "--grpc", "0.0.0.0:0", "--token-file", tokens,
+	desc := filepath.Join(dir, "desc.yaml")
+	tlstest.WriteFile(t, desc, []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000}\n"))
+	s := startServe(t, bin, "--api", "0.0.0.0:0", "--grpc", "0.0.0.0:0", "--token-file", tokens, "--envoy-config", desc,
 		"--tls-cert", cert, "--tls-key", key, "--client-ca", ca.File, "--listen", listen, "--data-dir", filepath.Join(dir, "secured"))
 	_, port, _ := net.SplitHostPort(s.ready.API)
 	api := net.JoinHostPort("127.0.0.1", port)
@@ -130,6 +132,16 @@ func TestServeRefusesAnOpenAPI(t *testing.T) {
 	}
 	if resp, err := rls.ShouldRateLimit(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+decide), rq); err != nil || resp.GetOverallCode() != rlspb.RateLimitResponse_OK {
 		t.Errorf("gRPC with a decide token: %v %v", resp, err)
+	}
+
+	// bench reads /v1/usage (admin) and asks both APIs with the token.
+	gAPI := net.JoinHostPort("127.0.0.1", gport)
+	if code, out, errOut := runCLI(append([]string{"bench", "--token", admin, "--rule", "default", "--keys", "3", "--concurrency", "2",
+		"--duration", "200ms", "--baseline", "0", "--grpc", gAPI, "--domain", "d", "--descriptor-key", "k"}, tlsArgs...)...); code != 0 || !strings.Contains(out, "gRPC:") {
+		t.Errorf("bench over mutual TLS with an admin token: %d %q %q", code, out, errOut)
+	}
+	if code, _, errOut := runCLI(append([]string{"bench", "--token", decide, "--rule", "default", "--duration", "200ms"}, tlsArgs...)...); code != 1 || !strings.Contains(errOut, "HTTP 403") {
+		t.Errorf("bench with a decide token: %d %q, want 403 from /v1/usage", code, errOut)
 	}
 
 	// RATEMESH_API_TOKENS alone secures a node too.
