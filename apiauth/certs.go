@@ -37,7 +37,8 @@ type CertsConfig struct {
 // CheckEvery, at a handshake), so a rotated certificate serves the next
 // connections without a restart. A change that does not load (a key
 // that does not match its new certificate yet) keeps the running ones
-// and is retried. It is safe for concurrent use.
+// and is retried. The zero value is not usable; see NewCerts. It is safe
+// for concurrent use.
 type Certs struct {
 	cfg     CertsConfig
 	cur     atomic.Pointer[loaded]
