@@ -204,6 +204,9 @@ type Tokens struct {
 	checked atomic.Int64
 	mu      sync.Mutex // one reload at a time
 	info    os.FileInfo
+	// missing: the file could not be stat'ed at the last look (logged
+	// once, not at every look).
+	missing bool
 }
 
 type entry struct {
@@ -300,9 +303,13 @@ func (t *Tokens) refresh() {
 	defer t.mu.Unlock()
 	fi, err := os.Stat(t.cfg.File)
 	if err != nil {
-		t.cfg.Logger.Error("token file: keeping the running tokens", "key", t.cfg.FileKey, "err", err)
+		if !t.missing {
+			t.cfg.Logger.Error("token file: keeping the running tokens", "key", t.cfg.FileKey, "err", err)
+		}
+		t.missing = true
 		return
 	}
+	t.missing = false
 	if t.info != nil && os.SameFile(fi, t.info) && fi.ModTime().Equal(t.info.ModTime()) && fi.Size() == t.info.Size() {
 		return
 	}
