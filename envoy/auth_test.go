@@ -5,10 +5,13 @@ import (
 	"crypto/tls"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -33,7 +36,7 @@ const (
 
 // serveSecured serves a node's rate limit service on 127.0.0.1 with
 // tokens and tlsCfg (nil: plaintext) and returns its address.
-func serveSecured(t *testing.T, toks *apiauth.Tokens, tlsCfg *tls.Config) string {
+func serveSecured(t *testing.T, toks *apiauth.Tokens, tlsCfg *tls.Config) (string, *prometheus.Registry) {
 	t.Helper()
 	desc := load(t, "basic_config.yaml")
 	hub := memnet.NewHub()
@@ -44,7 +47,8 @@ func serveSecured(t *testing.T, toks *apiauth.Tokens, tlsCfg *tls.Config) string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n.Close() })
-	srv, err := envoy.New(envoy.Config{Node: n, Descriptors: desc, Tokens: toks, TLS: tlsCfg})
+	reg := prometheus.NewRegistry()
+	srv, err := envoy.New(envoy.Config{Node: n, Descriptors: desc, Tokens: toks, TLS: tlsCfg, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +63,7 @@ func serveSecured(t *testing.T, toks *apiauth.Tokens, tlsCfg *tls.Config) string
 		defer cancel()
 		srv.Stop(ctx)
 	})
-	return ln.Addr().String()
+	return ln.Addr().String(), reg
 }
 
 func dial(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
@@ -93,7 +97,8 @@ func TestAuthShouldRateLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := dial(t, serveSecured(t, toks, nil), insecure.NewCredentials())
+	addr, reg := serveSecured(t, toks, nil)
+	conn := dial(t, addr, insecure.NewCredentials())
 	rls := rlspb.NewRateLimitServiceClient(conn)
 	for _, c := range []struct {
 		tok  string
@@ -106,6 +111,15 @@ func TestAuthShouldRateLimit(t *testing.T) {
 		if c.want == codes.OK && (resp.GetOverallCode() != rlspb.RateLimitResponse_OK || resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 5) {
 			t.Errorf("token %q: %v", c.tok, resp)
 		}
+	}
+	if err := promtest.GatherAndCompare(reg, strings.NewReader(`
+# HELP ratemesh_envoy_refused_total gRPC calls refused by authorization, by reason: missing (no bearer token), invalid (a token the node does not hold), scope (too low a scope).
+# TYPE ratemesh_envoy_refused_total counter
+ratemesh_envoy_refused_total{reason="invalid"} 1
+ratemesh_envoy_refused_total{reason="missing"} 1
+ratemesh_envoy_refused_total{reason="scope"} 0
+`), "ratemesh_envoy_refused_total"); err != nil {
+		t.Error(err)
 	}
 	h, err := healthpb.NewHealthClient(conn).Check(withToken(t, ""), &healthpb.HealthCheckRequest{Service: envoy.ServiceName})
 	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
@@ -130,7 +144,7 @@ func TestAuthGRPCMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := serveSecured(t, toks, certs.ServerConfig("h2"))
+	addr, _ := serveSecured(t, toks, certs.ServerConfig("h2"))
 	client := ca.Client(t, "envoy")
 	mtls := func() credentials.TransportCredentials {
 		return credentials.NewTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}})

@@ -98,9 +98,15 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.SetServing(false)
+	if cfg.Tokens != nil {
+		for _, r := range []string{"missing", "invalid", "scope"} {
+			s.metrics.refused.WithLabelValues(r)
+		}
+	}
+	a := &auth{toks: cfg.Tokens, refused: s.metrics.refused}
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(unaryAuth(cfg.Tokens)),
-		grpc.ChainStreamInterceptor(streamAuth(cfg.Tokens)),
+		grpc.ChainUnaryInterceptor(a.unary),
+		grpc.ChainStreamInterceptor(a.stream),
 	}
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
@@ -124,10 +130,17 @@ func scopeOf(method string) apiauth.Scope {
 	return apiauth.Decide
 }
 
-// authorize checks the call's "authorization" metadata against toks:
-// codes.Unauthenticated without a valid token, codes.PermissionDenied
-// when its scope is too low.
-func authorize(ctx context.Context, toks *apiauth.Tokens, method string) error {
+// auth authorises calls by token and counts the refusals.
+type auth struct {
+	toks    *apiauth.Tokens
+	refused *prometheus.CounterVec
+}
+
+// authorize checks the call's "authorization" metadata against the
+// tokens: codes.Unauthenticated without a valid token,
+// codes.PermissionDenied when its scope is too low.
+func (a *auth) authorize(ctx context.Context, method string) error {
+	toks := a.toks
 	if toks == nil {
 		return nil
 	}
@@ -148,29 +161,28 @@ func authorize(ctx context.Context, toks *apiauth.Tokens, method string) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, apiauth.ErrForbidden):
+		a.refused.WithLabelValues("scope").Inc()
 		return status.Error(codes.PermissionDenied, err.Error())
 	case tok == "":
+		a.refused.WithLabelValues("missing").Inc()
 		return status.Error(codes.Unauthenticated, "authorization: a bearer token is required in the authorization metadata (\"Bearer TOKEN\"; Envoy: grpc_service.initial_metadata)")
 	}
+	a.refused.WithLabelValues("invalid").Inc()
 	return status.Error(codes.Unauthenticated, err.Error())
 }
 
-func unaryAuth(toks *apiauth.Tokens) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if err := authorize(ctx, toks, info.FullMethod); err != nil {
-			return nil, err
-		}
-		return h(ctx, req)
+func (a *auth) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := a.authorize(ctx, info.FullMethod); err != nil {
+		return nil, err
 	}
+	return h(ctx, req)
 }
 
-func streamAuth(toks *apiauth.Tokens) grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if err := authorize(ss.Context(), toks, info.FullMethod); err != nil {
-			return err
-		}
-		return h(srv, ss)
+func (a *auth) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := a.authorize(ss.Context(), info.FullMethod); err != nil {
+		return err
 	}
+	return h(srv, ss)
 }
 
 // Serve serves gRPC on ln until Stop; it returns nil after Stop.
@@ -362,6 +374,7 @@ func codeName(c rlspb.RateLimitResponse_Code) string {
 type metrics struct {
 	requests *prometheus.CounterVec
 	hits     *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -374,11 +387,15 @@ func newMetrics() *metrics {
 			Name: "ratemesh_envoy_hits_total",
 			Help: "Hits of counted descriptors, by envoyproxy/ratelimit's statistics key and result (within_limit, over_limit, shadow_mode: over the limit but answered OK).",
 		}, []string{"key", "result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratemesh_envoy_refused_total",
+			Help: "gRPC calls refused by authorization, by reason: missing (no bearer token), invalid (a token the node does not hold), scope (too low a scope).",
+		}, []string{"reason"}),
 	}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.hits} {
+	for _, c := range []prometheus.Collector{m.requests, m.hits, m.refused} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

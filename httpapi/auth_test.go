@@ -123,6 +123,17 @@ func TestAuthScopes(t *testing.T) {
 	if status, _, msg := call(t, c, "POST", base+"/v1/peers/b/evict", adminToken, ""); status != 200 {
 		t.Errorf("evict with an admin token: %d %q", status, msg)
 	}
+	resp, err := c.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`ratemesh_api_refused_total{reason="missing"} 1`, `ratemesh_api_refused_total{reason="invalid"} 1`, `ratemesh_api_refused_total{reason="scope"} 1`} {
+		if !strings.Contains(string(text), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 
 	for _, ep := range []struct {
 		method, path, body string

@@ -177,15 +177,17 @@ func (s *Server) authorize(rt Route, h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		challenge := `Bearer realm="ratemesh"`
-		status := http.StatusUnauthorized
+		status, reason := http.StatusUnauthorized, "missing"
 		switch {
 		case ae.Missing:
 		case errors.Is(err, apiauth.ErrForbidden):
 			challenge += fmt.Sprintf(`, error="insufficient_scope", scope="%s"`, rt.Scope)
-			status = http.StatusForbidden
+			status, reason = http.StatusForbidden, "scope"
 		default:
 			challenge += `, error="invalid_token"`
+			reason = "invalid"
 		}
+		s.metrics.refused.WithLabelValues(reason).Inc()
 		w.Header().Set("WWW-Authenticate", challenge)
 		msg := ae.Error()
 		if status == http.StatusForbidden {
