@@ -173,9 +173,36 @@ type Envoy struct {
 	Config string
 }
 
+// API is the api section: who may call the HTTP API (node.api) and
+// Envoy's rate limit service (node.grpc), and over what.
+type API struct {
+	// TokenFile holds bearer tokens, "SCOPE TOKEN" a line (scope decide
+	// or admin); re-read when it changes. Empty: no token file.
+	TokenFile string
+	// TLSCert and TLSKey are the PEM certificate and key both APIs serve
+	// TLS with; re-read when they change. Empty: plaintext.
+	TLSCert, TLSKey string
+	// ClientCA is a PEM bundle of CAs: with it, every client must present
+	// a certificate one of them signed (mutual TLS). Needs TLSCert.
+	ClientCA string
+	// Insecure lets serve listen on a non-loopback address without any
+	// authentication (no token, no client CA).
+	Insecure bool
+	// MetricsAuth makes /metrics ask for a token (any scope); by default
+	// it is open, like /healthz.
+	MetricsAuth bool
+}
+
+// Secured reports whether the APIs authenticate their clients: tokens
+// from a file or the environment (envTokens), or client certificates.
+func (a *API) Secured(envTokens bool) bool {
+	return a.TokenFile != "" || envTokens || a.ClientCA != ""
+}
+
 // Config is a whole configuration file, defaults filled in.
 type Config struct {
 	Node  Node
+	API   API
 	Mesh  Mesh
 	Envoy Envoy
 	Rules []limiter.Rule
@@ -380,7 +407,22 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) validateSections() []error {
-	return append(c.Node.validate(), c.Mesh.validate()...)
+	errs := append(c.Node.validate(), c.API.validate()...)
+	return append(errs, c.Mesh.validate()...)
+}
+
+// validate checks the api section on its own: the TLS files come
+// together. (Whether the files exist and load is for serve to say.)
+func (a *API) validate() []error {
+	switch {
+	case a.TLSCert != "" && a.TLSKey == "":
+		return []error{invalid("api.tls_key", "required with api.tls_cert")}
+	case a.TLSKey != "" && a.TLSCert == "":
+		return []error{invalid("api.tls_cert", "required with api.tls_key")}
+	case a.ClientCA != "" && a.TLSCert == "":
+		return []error{invalid("api.client_ca", "needs api.tls_cert and api.tls_key: client certificates are asked for in a TLS handshake")}
+	}
+	return nil
 }
 
 // validate checks the node section on its own.
@@ -550,6 +592,9 @@ func ChangedSettings(running *Config, data []byte) []string {
 		{"mesh.suspect_after", a.Mesh.SuspectAfter, b.Mesh.SuspectAfter}, {"mesh.dead_after", a.Mesh.DeadAfter, b.Mesh.DeadAfter},
 		{"mesh.evict_after", a.Mesh.EvictAfter, b.Mesh.EvictAfter}, {"mesh.partition_policy", a.Mesh.PartitionPolicy, b.Mesh.PartitionPolicy},
 		{"mesh.max_skew", a.Mesh.MaxSkew, b.Mesh.MaxSkew}, {"envoy.config", a.Envoy.Config, b.Envoy.Config},
+		{"api.token_file", a.API.TokenFile, b.API.TokenFile}, {"api.tls_cert", a.API.TLSCert, b.API.TLSCert},
+		{"api.tls_key", a.API.TLSKey, b.API.TLSKey}, {"api.client_ca", a.API.ClientCA, b.API.ClientCA},
+		{"api.insecure", a.API.Insecure, b.API.Insecure}, {"api.metrics_auth", a.API.MetricsAuth, b.API.MetricsAuth},
 	}
 	var out []string
 	for _, f := range fields {

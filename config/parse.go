@@ -91,6 +91,17 @@ func parse(data []byte) (*document, error) {
 				},
 			}))
 		},
+		"api": func(v *yaml.Node, path string) error {
+			a := &doc.cfg.API
+			return firstErr(walk(v, path, fields{
+				"token_file":   str(&a.TokenFile),
+				"tls_cert":     str(&a.TLSCert),
+				"tls_key":      str(&a.TLSKey),
+				"client_ca":    str(&a.ClientCA),
+				"insecure":     boolean(&a.Insecure),
+				"metrics_auth": boolean(&a.MetricsAuth),
+			}))
+		},
 		"mesh": func(v *yaml.Node, path string) error {
 			return firstErr(walk(v, path, meshFields(m)))
 		},

@@ -15,6 +15,7 @@ package discovery
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,6 +55,15 @@ type Config struct {
 	Resolver Resolver
 	// Client asks the APIs; nil is a client with a 3 s timeout.
 	Client *http.Client
+	// Token returns the bearer token presented to the APIs (GET
+	// /v1/peers needs the admin scope when they ask for tokens); nil or
+	// "": none.
+	Token func() string
+	// TLS, when not nil, asks the APIs over HTTPS with this client
+	// config, each target's certificate verified against the target's
+	// host name (ServerName is set per target). It replaces Client's
+	// transport.
+	TLS *tls.Config
 	// Interval is the time between rounds once a peer was found
 	// (default 10 s); until then rounds are FastInterval apart (default
 	// 1 s), so members that start together find each other at once.
@@ -69,8 +79,10 @@ type DNS struct {
 }
 
 type target struct {
-	host string
-	port int
+	host   string
+	port   int
+	client *http.Client
+	scheme string
 }
 
 // New checks cfg and returns a discovery.
@@ -84,13 +96,23 @@ func New(cfg Config) (*DNS, error) {
 		if err != nil {
 			return nil, fmt.Errorf("discovery: target %q: %w", t, err)
 		}
-		d.targets = append(d.targets, target{h, n})
+		d.targets = append(d.targets, target{host: h, port: n, scheme: "http"})
 	}
 	if d.cfg.Resolver == nil {
 		d.cfg.Resolver = net.DefaultResolver
 	}
 	if d.cfg.Client == nil {
 		d.cfg.Client = &http.Client{Timeout: 3 * time.Second}
+	}
+	for i := range d.targets {
+		d.targets[i].client = d.cfg.Client
+		if d.cfg.TLS != nil {
+			tc := d.cfg.TLS.Clone()
+			tc.ServerName = d.targets[i].host
+			c := *d.cfg.Client
+			c.Transport = &http.Transport{TLSClientConfig: tc, Proxy: nil, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second}
+			d.targets[i].client, d.targets[i].scheme = &c, "https"
+		}
 	}
 	if d.cfg.Interval <= 0 {
 		d.cfg.Interval = 10 * time.Second // a replica that scales in is found within this
@@ -139,9 +161,13 @@ func (d *DNS) Round(ctx context.Context) int {
 		slices.Sort(addrs)
 		for _, ip := range addrs {
 			api := net.JoinHostPort(ip, strconv.Itoa(t.port))
-			self, err := d.ask(ctx, api)
+			self, err := d.ask(ctx, t, api)
 			if err != nil {
-				d.cfg.Logger.Debug("dns discovery: no answer", "host", t.host, "api", api, "err", err)
+				level := slog.LevelDebug
+				if errors.Is(err, errRefused) {
+					level = slog.LevelWarn // a configuration to fix, not a peer still starting
+				}
+				d.cfg.Logger.Log(ctx, level, "dns discovery: no answer", "host", t.host, "api", api, "err", err)
 				continue
 			}
 			if self.PeerID == d.cfg.Self {
@@ -164,17 +190,29 @@ type peer struct {
 	Self   bool     `json:"self"`
 }
 
-// ask returns the member that serves the API at api.
-func (d *DNS) ask(ctx context.Context, api string) (peer, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+api+"/v1/peers", nil)
+// errRefused is a 401 or 403 from a peer's API: its tokens and ours
+// differ.
+var errRefused = errors.New("refused: the members' API tokens differ (GET /v1/peers needs an admin token from api.token_file)")
+
+// ask returns the member that serves the API at api (an address of t).
+func (d *DNS) ask(ctx context.Context, t target, api string) (peer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.scheme+"://"+api+"/v1/peers", nil)
 	if err != nil {
 		return peer{}, err
 	}
-	resp, err := d.cfg.Client.Do(req)
+	if d.cfg.Token != nil {
+		if tok := d.cfg.Token(); tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+	}
+	resp, err := t.client.Do(req)
 	if err != nil {
 		return peer{}, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return peer{}, fmt.Errorf("GET /v1/peers: %s: %w", resp.Status, errRefused)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return peer{}, fmt.Errorf("GET /v1/peers: %s", resp.Status)
 	}

@@ -2,12 +2,14 @@ package envoy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -15,12 +17,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratemesh/ratemesh/apiauth"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
@@ -46,6 +51,15 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Logger receives errors; nil discards them.
 	Logger *slog.Logger
+	// Tokens authorises calls by the bearer token in their
+	// "authorization" metadata ("Bearer TOKEN"): ShouldRateLimit needs
+	// the decide scope (admin implies it); the health service is open.
+	// Nil asks for no token.
+	Tokens *apiauth.Tokens
+	// TLS serves gRPC over TLS with this config (apiauth.Certs'
+	// ServerConfig("h2"): with a client CA, clients need a certificate);
+	// nil serves plaintext HTTP/2.
+	TLS *tls.Config
 }
 
 // Server is envoyproxy/ratelimit's gRPC service over a ratemesh node
@@ -84,10 +98,91 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	s.SetServing(false)
-	s.grpc = grpc.NewServer()
+	if cfg.Tokens != nil {
+		for _, r := range []string{"missing", "invalid", "scope"} {
+			s.metrics.refused.WithLabelValues(r)
+		}
+	}
+	a := &auth{toks: cfg.Tokens, refused: s.metrics.refused}
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(a.unary),
+		grpc.ChainStreamInterceptor(a.stream),
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	s.grpc = grpc.NewServer(opts...)
 	rlspb.RegisterRateLimitServiceServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	return s, nil
+}
+
+// healthPrefix starts the methods of the health service, which stay
+// open: Envoy's health checks and orchestrators' probes carry no token,
+// and they learn only SERVING or NOT_SERVING.
+const healthPrefix = "/grpc.health.v1.Health/"
+
+// scopeOf is the scope a method needs.
+func scopeOf(method string) apiauth.Scope {
+	if strings.HasPrefix(method, healthPrefix) {
+		return apiauth.None
+	}
+	return apiauth.Decide
+}
+
+// auth authorises calls by token and counts the refusals.
+type auth struct {
+	toks    *apiauth.Tokens
+	refused *prometheus.CounterVec
+}
+
+// authorize checks the call's "authorization" metadata against the
+// tokens: codes.Unauthenticated without a valid token,
+// codes.PermissionDenied when its scope is too low.
+func (a *auth) authorize(ctx context.Context, method string) error {
+	toks := a.toks
+	if toks == nil {
+		return nil
+	}
+	need := scopeOf(method)
+	if need == apiauth.None {
+		return nil
+	}
+	var tok string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		for _, v := range md.Get("authorization") {
+			if tok = apiauth.BearerToken(v); tok != "" {
+				break
+			}
+		}
+	}
+	err := toks.Authorize(tok, need)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, apiauth.ErrForbidden):
+		a.refused.WithLabelValues("scope").Inc()
+		return status.Error(codes.PermissionDenied, err.Error())
+	case tok == "":
+		a.refused.WithLabelValues("missing").Inc()
+		return status.Error(codes.Unauthenticated, "authorization: a bearer token is required in the authorization metadata (\"Bearer TOKEN\"; Envoy: grpc_service.initial_metadata)")
+	}
+	a.refused.WithLabelValues("invalid").Inc()
+	return status.Error(codes.Unauthenticated, err.Error())
+}
+
+func (a *auth) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := a.authorize(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (a *auth) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := a.authorize(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	return h(srv, ss)
 }
 
 // Serve serves gRPC on ln until Stop; it returns nil after Stop.
@@ -279,6 +374,7 @@ func codeName(c rlspb.RateLimitResponse_Code) string {
 type metrics struct {
 	requests *prometheus.CounterVec
 	hits     *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -291,11 +387,15 @@ func newMetrics() *metrics {
 			Name: "ratemesh_envoy_hits_total",
 			Help: "Hits of counted descriptors, by envoyproxy/ratelimit's statistics key and result (within_limit, over_limit, shadow_mode: over the limit but answered OK).",
 		}, []string{"key", "result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratemesh_envoy_refused_total",
+			Help: "gRPC calls refused by authorization, by reason: missing (no bearer token), invalid (a token the node does not hold), scope (too low a scope).",
+		}, []string{"reason"}),
 	}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.hits} {
+	for _, c := range []prometheus.Collector{m.requests, m.hits, m.refused} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	reloads   *prometheus.CounterVec
+	refused   *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
@@ -33,11 +34,20 @@ func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
 			Name: "ratemesh_config_reloads_total",
 			Help: "Configuration reloads by result: ok, partial (some rules kept their old version) or failed.",
 		}, []string{"result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratemesh_api_refused_total",
+			Help: "HTTP API requests refused by authorization, by reason: missing (no bearer token), invalid (a token the node does not hold), scope (too low a scope).",
+		}, []string{"reason"}),
 	}
 	for _, r := range []string{"ok", "partial", "failed"} {
 		m.reloads.WithLabelValues(r)
 	}
-	reg.MustRegister(m.decisions, m.latency, m.reloads, &stateCollector{cfg: cfg},
+	if cfg.Tokens != nil {
+		for _, r := range []string{"missing", "invalid", "scope"} {
+			m.refused.WithLabelValues(r)
+		}
+	}
+	reg.MustRegister(m.decisions, m.latency, m.reloads, m.refused, &stateCollector{cfg: cfg},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

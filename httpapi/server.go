@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ratemesh/ratemesh/apiauth"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
@@ -51,6 +52,15 @@ type Config struct {
 	MaxWait time.Duration
 	// Logger receives server-side errors; nil discards them.
 	Logger *slog.Logger
+	// Tokens authorises requests by their bearer token
+	// (Authorization: Bearer TOKEN) and its scope: decisions need
+	// decide, the member table, the per-member counts and evict need
+	// admin (see Scopes). Nil asks for no token: every endpoint is open
+	// (a loopback API, or one behind mutual TLS alone).
+	Tokens *apiauth.Tokens
+	// MetricsAuth makes /metrics ask for a token (any scope) too; by
+	// default it is open, like /healthz.
+	MetricsAuth bool
 }
 
 // Server is the HTTP API over one node: an http.Handler with its own
@@ -101,26 +111,90 @@ func (a slogAdapter) Println(v ...any) { a.l.Error("metrics", "err", fmt.Sprint(
 // any other path 404, all as JSON.
 func (s *Server) routes(metricsH http.Handler) *http.ServeMux {
 	mux := http.NewServeMux()
-	for _, rt := range []struct {
-		method, path string
-		h            http.HandlerFunc
-	}{
-		{http.MethodPost, "/v1/allow", s.allow},
-		{http.MethodPost, "/v1/wait", s.wait},
-		{http.MethodPost, "/v1/acquire", s.acquire},
-		{http.MethodPost, "/v1/renew", s.renew},
-		{http.MethodPost, "/v1/release", s.release},
-		{http.MethodGet, "/v1/usage", s.usage},
-		{http.MethodGet, "/v1/peers", s.peers},
-		{http.MethodPost, "/v1/peers/{peer_id}/evict", s.evict},
-		{http.MethodGet, "/metrics", metricsH.ServeHTTP},
-		{http.MethodGet, "/healthz", s.health},
-	} {
-		mux.HandleFunc(rt.method+" "+rt.path, rt.h)
-		mux.HandleFunc(rt.path, methodNotAllowed(rt.method))
+	handlers := map[string]http.HandlerFunc{
+		"/v1/allow": s.allow, "/v1/wait": s.wait, "/v1/acquire": s.acquire,
+		"/v1/renew": s.renew, "/v1/release": s.release, "/v1/usage": s.usage,
+		"/v1/peers": s.peers, "/v1/peers/{peer_id}/evict": s.evict,
+		"/metrics": metricsH.ServeHTTP, "/healthz": s.health,
+	}
+	for _, rt := range Scopes(s.cfg.MetricsAuth) {
+		mux.HandleFunc(rt.Method+" "+rt.Path, s.authorize(rt, handlers[rt.Path]))
+		mux.HandleFunc(rt.Path, methodNotAllowed(rt.Method))
 	}
 	mux.HandleFunc("/", notFound)
 	return mux
+}
+
+// Route is one endpoint and the scope a token needs to call it.
+type Route struct {
+	Method, Path string
+	// Scope is apiauth.None for an open endpoint.
+	Scope apiauth.Scope
+}
+
+// Scopes returns every endpoint with the scope it needs when tokens are
+// configured (Config.Tokens): decisions and leases need decide; the
+// member table (/v1/peers), the per-member counts (/v1/usage: each
+// member's slot) and evict need admin; /healthz is open (load balancers
+// and orchestrators probe it without credentials, and it tells only
+// ready, joining or fenced), and so is /metrics unless metricsAuth, when
+// any valid token reads it.
+func Scopes(metricsAuth bool) []Route {
+	metrics := apiauth.None
+	if metricsAuth {
+		metrics = apiauth.Decide
+	}
+	return []Route{
+		{http.MethodPost, "/v1/allow", apiauth.Decide},
+		{http.MethodPost, "/v1/wait", apiauth.Decide},
+		{http.MethodPost, "/v1/acquire", apiauth.Decide},
+		{http.MethodPost, "/v1/renew", apiauth.Decide},
+		{http.MethodPost, "/v1/release", apiauth.Decide},
+		{http.MethodGet, "/v1/usage", apiauth.Admin},
+		{http.MethodGet, "/v1/peers", apiauth.Admin},
+		{http.MethodPost, "/v1/peers/{peer_id}/evict", apiauth.Admin},
+		{http.MethodGet, "/metrics", metrics},
+		{http.MethodGet, "/healthz", apiauth.None},
+	}
+}
+
+// authorize wraps h: with tokens configured, a request without a valid
+// token answers 401 with WWW-Authenticate: Bearer (RFC 6750), one whose
+// token lacks rt's scope 403, both with the API's JSON error.
+func (s *Server) authorize(rt Route, h http.HandlerFunc) http.HandlerFunc {
+	if rt.Scope == apiauth.None {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		err := s.cfg.Tokens.Authorize(apiauth.BearerToken(r.Header.Get("Authorization")), rt.Scope)
+		if err == nil {
+			h(w, r)
+			return
+		}
+		var ae *apiauth.AuthError
+		if !errors.As(err, &ae) {
+			writeError(w, http.StatusInternalServerError, "authorization: "+err.Error())
+			return
+		}
+		challenge := `Bearer realm="ratemesh"`
+		status, reason := http.StatusUnauthorized, "missing"
+		switch {
+		case ae.Missing:
+		case errors.Is(err, apiauth.ErrForbidden):
+			challenge += fmt.Sprintf(`, error="insufficient_scope", scope="%s"`, rt.Scope)
+			status, reason = http.StatusForbidden, "scope"
+		default:
+			challenge += `, error="invalid_token"`
+			reason = "invalid"
+		}
+		s.metrics.refused.WithLabelValues(reason).Inc()
+		w.Header().Set("WWW-Authenticate", challenge)
+		msg := ae.Error()
+		if status == http.StatusForbidden {
+			msg = fmt.Sprintf("authorization: %s %s needs the %s scope; the token has %s", rt.Method, rt.Path, ae.Need, ae.Have)
+		}
+		writeError(w, status, msg)
+	}
 }
 
 // ServeHTTP implements http.Handler.

@@ -19,12 +19,14 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/ratemesh/ratemesh/httpapi"
 )
 
-const benchUsage = "usage: ratemesh bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--grpc ADDR... --domain D --descriptor-key K] [--json]"
+const benchUsage = "usage: ratemesh bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--grpc ADDR... --domain D --descriptor-key K] [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]"
 
 // apiList is a repeatable --api flag; each value may also list several
 // addresses separated by commas.
@@ -91,15 +93,16 @@ type benchReport struct {
 
 // benchWorker is one client goroutine's state; nothing in it is shared.
 type benchWorker struct {
-	c    *http.Client
-	base string
-	rng  *rand.Rand
-	buf  bytes.Buffer
-	lat  []time.Duration
-	n    uint64
-	errs uint64
-	err  error
-	rls  rlspb.RateLimitServiceClient // with --grpc
+	c     *http.Client
+	token string
+	base  string
+	rng   *rand.Rand
+	buf   bytes.Buffer
+	lat   []time.Duration
+	n     uint64
+	errs  uint64
+	err   error
+	rls   rlspb.RateLimitServiceClient // with --grpc
 	// allow and grpc phases
 	allowed, denied         uint64
 	grpcAllowed, grpcDenied uint64
@@ -129,6 +132,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	domain := fset.String("domain", "bench", "with --grpc: the descriptors' domain")
 	descKey := fset.String("descriptor-key", "key", "with --grpc: the descriptor entry's key (its value is the bench key)")
 	asJSON := fset.Bool("json", false, "print only the JSON report on stdout")
+	auth := addClientAuth(fset)
 	if err := fset.Parse(args); err != nil {
 		return flagExit(err)
 	}
@@ -158,14 +162,24 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		*baseline = *duration
 	}
 	var bases []string
+	var client *apiClient
 	for _, a := range apis {
-		b, err := apiBase(a)
+		c, err := auth.client(a, *conc, 30*time.Second)
 		if err != nil {
 			return bad(err.Error())
 		}
-		bases = append(bases, b)
+		bases, client = append(bases, c.base), c
+	}
+	grpcCreds := insecure.NewCredentials()
+	if auth.tls() {
+		tc, err := auth.tlsConfig()
+		if err != nil {
+			return bad(err.Error())
+		}
+		grpcCreds = credentials.NewTLS(tc)
 	}
 	rep, err := bench(context.Background(), benchConfig{
+		client: client.http, token: client.token, grpcCreds: grpcCreds,
 		grpcs: grpcs, domain: *domain, descKey: *descKey,
 		bases: bases, rule: *rule, keys: *keys, conc: *conc,
 		duration: *duration, baseline: *baseline, rounds: *rounds, prefix: *prefix, progress: stderr,
@@ -190,6 +204,11 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 }
 
 type benchConfig struct {
+	// client and token ask the HTTP API (nil: a plain client, no token);
+	// grpcCreds the gRPC addresses (nil: plaintext).
+	client             *http.Client
+	token              string
+	grpcCreds          credentials.TransportCredentials
 	grpcs              []string
 	domain, descKey    string
 	bases              []string
@@ -201,13 +220,19 @@ type benchConfig struct {
 }
 
 func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
-	client := newHTTPClient(cfg.conc, 30*time.Second)
+	client := cfg.client
+	if client == nil {
+		client = newHTTPClient(cfg.conc, 30*time.Second)
+	}
+	if cfg.grpcCreds == nil {
+		cfg.grpcCreds = insecure.NewCredentials()
+	}
 	defer client.CloseIdleConnections()
 	rep := &benchReport{APIs: cfg.bases, Rule: cfg.rule, Keys: cfg.keys, Concurrency: cfg.conc, Held: true}
 
 	// The rule's window, which also proves the rule exists on every node.
 	for _, b := range cfg.bases {
-		c := &apiClient{base: b, http: client}
+		c := &apiClient{base: b, http: client, token: cfg.token}
 		var u httpapi.UsageResponse
 		q := "/v1/usage?rule=" + url.QueryEscape(cfg.rule) + "&key=" + url.QueryEscape(cfg.prefix+"0")
 		if err := c.call(ctx, "GET", q, nil, &u); err != nil {
@@ -231,13 +256,13 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 	}
 	workers := make([]*benchWorker, cfg.conc)
 	for i := range workers {
-		workers[i] = &benchWorker{c: client, base: cfg.bases[i%len(cfg.bases)], rng: rand.New(rand.NewPCG(uint64(i), 0x5eed))}
+		workers[i] = &benchWorker{c: client, token: cfg.token, base: cfg.bases[i%len(cfg.bases)], rng: rand.New(rand.NewPCG(uint64(i), 0x5eed))}
 	}
 	var grpcAllowed, grpcDenied uint64
 	if len(cfg.grpcs) > 0 {
 		// One connection per worker, as the HTTP phases have.
 		for i, w := range workers {
-			conn, err := grpc.NewClient(cfg.grpcs[i%len(cfg.grpcs)], grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err := grpc.NewClient(cfg.grpcs[i%len(cfg.grpcs)], grpc.WithTransportCredentials(cfg.grpcCreds))
 			if err != nil {
 				return nil, fmt.Errorf("--grpc %s: %w", cfg.grpcs[i%len(cfg.grpcs)], err)
 			}
@@ -253,8 +278,12 @@ func bench(ctx context.Context, cfg benchConfig) (*benchReport, error) {
 				{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: cfg.descKey, Value: fmt.Sprintf("%s%d", cfg.prefix, i)}}}}}
 		}
 	}
+	gctx := ctx
+	if cfg.token != "" {
+		gctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+cfg.token)
+	}
 	grpcOp := func(w *benchWorker) error {
-		r, err := w.rls.ShouldRateLimit(ctx, grpcReqs[w.rng.IntN(cfg.keys)])
+		r, err := w.rls.ShouldRateLimit(gctx, grpcReqs[w.rng.IntN(cfg.keys)])
 		if err != nil {
 			return err
 		}
@@ -424,6 +453,9 @@ func benchWindows(workers []*benchWorker, winMs int64, spans [][2]time.Time) []b
 // do sends req and, for a 200, decodes the answer into out (unless nil).
 // The body is always read to the end so the connection is reused.
 func (w *benchWorker) do(req *http.Request, out any) error {
+	if w.token != "" {
+		req.Header.Set("Authorization", "Bearer "+w.token)
+	}
 	resp, err := w.c.Do(req)
 	if err != nil {
 		return err

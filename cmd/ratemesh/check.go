@@ -10,7 +10,7 @@ import (
 	"github.com/ratemesh/ratemesh/httpapi"
 )
 
-const checkUsage = "usage: ratemesh check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]"
+const checkUsage = "usage: ratemesh check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]"
 
 // runCheck asks one node whether a request may proceed (POST /v1/allow) and
 // prints the decision. It exits 0 whenever the node answered, allowed or
@@ -28,6 +28,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	class := fset.String("class", "", "the client's class")
 	asJSON := fset.Bool("json", false, "print only the node's JSON answer on stdout")
 	timeout := fset.Duration("timeout", 10*time.Second, "give up after this long")
+	auth := addClientAuth(fset)
 	if err := fset.Parse(args); err != nil {
 		return flagExit(err)
 	}
@@ -49,10 +50,11 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	case set["units"] && !set["type"]:
 		return bad("--units: needs --type")
 	}
-	base, err := apiBase(*api)
+	c, err := auth.client(*api, 1, *timeout)
 	if err != nil {
 		return bad(err.Error())
 	}
+	base := c.base
 	req := httpapi.AllowRequest{Rule: *rule, Key: *key, Class: *class}
 	if set["cost"] {
 		req.Cost = cost
@@ -60,7 +62,6 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	if set["type"] {
 		req.Type, req.Units = *typ, units
 	}
-	c := &apiClient{base: base, http: newHTTPClient(1, *timeout)}
 	var resp httpapi.AllowResponse
 	if err := c.call(context.Background(), "POST", "/v1/allow", req, &resp); err != nil {
 		fmt.Fprintf(stderr, "ratemesh check: %s: %v\n", base, err)

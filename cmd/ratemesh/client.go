@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -11,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -68,10 +71,95 @@ func newHTTPClient(conns int, timeout time.Duration) *http.Client {
 	return &http.Client{Transport: tr, Timeout: timeout}
 }
 
+// envToken is the clients' bearer token when --token is not given.
+const envToken = "RATEMESH_TOKEN"
+
+// clientAuth holds the flags an API client shares for a secured node:
+// --token (or RATEMESH_TOKEN), and TLS: --ca, --tls-cert and --tls-key
+// (not --key: check's --key is the rate limit key).
+type clientAuth struct {
+	token, ca, cert, key *string
+}
+
+// addClientAuth registers the flags on fset.
+func addClientAuth(fset *flag.FlagSet) *clientAuth {
+	return &clientAuth{
+		token: fset.String("token", "", "bearer `token` for a node that asks for one (default $"+envToken+")"),
+		ca:    fset.String("ca", "", "PEM `file` of the CA that signed the node's certificate: talk TLS (https)"),
+		cert:  fset.String("tls-cert", "", "PEM client certificate `file`, for a node that asks for one (mutual TLS; with --tls-key)"),
+		key:   fset.String("tls-key", "", "PEM private key `file` of --tls-cert"),
+	}
+}
+
+// tls reports whether any TLS flag is set.
+func (a *clientAuth) tls() bool { return *a.ca != "" || *a.cert != "" || *a.key != "" }
+
+// client returns a client of the node at addr (--api) with conns
+// connections: https when a TLS flag is set (a HOST:PORT becomes an
+// https URL), the token on every request. Errors name the flag.
+func (a *clientAuth) client(addr string, conns int, timeout time.Duration) (*apiClient, error) {
+	base, err := apiBase(addr)
+	if err != nil {
+		return nil, err
+	}
+	hc := newHTTPClient(conns, timeout)
+	if a.tls() {
+		switch {
+		case strings.HasPrefix(base, "http://") && strings.Contains(addr, "://"):
+			return nil, fmt.Errorf("--api %q: an http:// URL with --ca, --tls-cert or --tls-key; use https://", addr)
+		case strings.HasPrefix(base, "http://"):
+			base = "https://" + strings.TrimPrefix(base, "http://")
+		}
+		tc, err := a.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		hc.Transport.(*http.Transport).TLSClientConfig = tc
+	}
+	return &apiClient{base: base, http: hc, token: a.bearer()}, nil
+}
+
+// bearer returns --token, else $RATEMESH_TOKEN, "" for none.
+func (a *clientAuth) bearer() string {
+	if *a.token != "" {
+		return *a.token
+	}
+	return strings.TrimSpace(os.Getenv(envToken))
+}
+
+// tlsConfig returns the client TLS config of --ca, --tls-cert and
+// --tls-key; errors name the flag.
+func (a *clientAuth) tlsConfig() (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if *a.ca != "" {
+		data, err := os.ReadFile(*a.ca)
+		if err != nil {
+			return nil, fmt.Errorf("--ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(data) {
+			return nil, fmt.Errorf("--ca %s: no PEM certificate in the file", *a.ca)
+		}
+	}
+	if (*a.cert == "") != (*a.key == "") {
+		return nil, errors.New("--tls-cert and --tls-key: give both or neither")
+	}
+	if *a.cert != "" {
+		c, err := tls.LoadX509KeyPair(*a.cert, *a.key)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert %s and --tls-key %s: %w", *a.cert, *a.key, err)
+		}
+		tc.Certificates = []tls.Certificate{c}
+	}
+	return tc, nil
+}
+
 // apiClient calls one node's API.
 type apiClient struct {
 	base string
 	http *http.Client
+	// token is sent as Authorization: Bearer when not empty.
+	token string
 }
 
 // apiStatusError is a 4xx or 5xx answer.
@@ -109,6 +197,9 @@ func (c *apiClient) call(ctx context.Context, method, path string, body, out any
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {

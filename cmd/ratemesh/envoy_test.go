@@ -356,10 +356,25 @@ func TestPackagingFiles(t *testing.T) {
 		t.Fatalf("no ratemesh service in docker-compose.yaml: %v", compose.Services)
 	}
 	cmd := strings.Join(rm.Command, " ")
-	for _, want := range []string{"--bootstrap dns:ratemesh:8080", "--api 0.0.0.0:8080", "--grpc 0.0.0.0:8081", "--envoy-config /etc/ratemesh/descriptors"} {
+	for _, want := range []string{"--bootstrap dns:ratemesh:8080", "--api 0.0.0.0:8080", "--grpc 0.0.0.0:8081", "--envoy-config /etc/ratemesh/descriptors",
+		"--psk-file /secrets/swarm.key", "--token-file /secrets/tokens"} {
 		if !strings.Contains(cmd, want) {
 			t.Errorf("the ratemesh service's command %q lacks %q", cmd, want)
 		}
+	}
+	// The image listens beyond loopback: it must bring credentials, and
+	// the compose file must make them (none are committed).
+	dockerfile := read(t, filepath.Join(root, "Dockerfile"))
+	for _, want := range []string{`"--psk-file", "/secrets/swarm.key"`, `"--token-file", "/secrets/tokens"`} {
+		if !strings.Contains(dockerfile, want) {
+			t.Errorf("the Dockerfile's command lacks %s", want)
+		}
+	}
+	if sec, ok := compose.Services["secrets"]; !ok || !strings.Contains(strings.Join(sec.Command, " "), "/dev/urandom") || !slices.Contains(rm.Volumes, "secrets:/secrets:ro") {
+		t.Errorf("no secrets service generating the keys into a volume the nodes mount: %+v", sec)
+	}
+	if ev := strings.Join(compose.Services["envoy"].Command, " "); !strings.Contains(ev, "@ENVOY_TOKEN@") || !strings.Contains(ev, "/secrets/envoy.token") {
+		t.Errorf("the envoy service does not fill in its token: %q", ev)
 	}
 	if !slices.Contains(rm.Volumes, "./deploy/descriptors:/etc/ratemesh/descriptors:ro") {
 		t.Errorf("the ratemesh service does not mount deploy/descriptors: %v", rm.Volumes)
@@ -369,7 +384,8 @@ func TestPackagingFiles(t *testing.T) {
 		t.Fatalf("deploy/descriptors: %s", errOut)
 	}
 	envoyYAML := read(t, filepath.Join(root, "deploy", "envoy.yaml"))
-	for _, want := range []string{"socket_address: {address: ratemesh, port_value: 8081}", "service_name: envoy.service.ratelimit.v3.RateLimitService", "domain: edge", "remote_address: {}"} {
+	for _, want := range []string{"socket_address: {address: ratemesh, port_value: 8081}", "service_name: envoy.service.ratelimit.v3.RateLimitService", "domain: edge", "remote_address: {}",
+		`initial_metadata:`, `- {key: authorization, value: "Bearer @ENVOY_TOKEN@"}`} {
 		if !strings.Contains(envoyYAML, want) {
 			t.Errorf("deploy/envoy.yaml lacks %q", want)
 		}

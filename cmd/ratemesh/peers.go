@@ -13,7 +13,7 @@ import (
 	"github.com/ratemesh/ratemesh/httpapi"
 )
 
-const peersUsage = "usage: ratemesh peers --api ADDR [--json]\n       ratemesh peers evict PEER_ID --api ADDR [--json]"
+const peersUsage = "usage: ratemesh peers --api ADDR [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]\n       ratemesh peers evict PEER_ID --api ADDR [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]"
 
 // runPeers prints a node's member table (GET /v1/peers), or with `evict
 // PEER_ID` removes a silent member at once (POST /v1/peers/{id}/evict).
@@ -23,6 +23,7 @@ func runPeers(args []string, stdout, stderr io.Writer) int {
 	api := fset.String("api", "", "the node's API, HOST:PORT or a URL")
 	asJSON := fset.Bool("json", false, "print only the node's JSON answer on stdout")
 	timeout := fset.Duration("timeout", 10*time.Second, "give up after this long")
+	auth := addClientAuth(fset)
 	pos, err := parseInterspersed(fset, args)
 	if err != nil {
 		return flagExit(err)
@@ -41,11 +42,11 @@ func runPeers(args []string, stdout, stderr io.Writer) int {
 	default:
 		return bad(fmt.Sprintf("unknown argument %q", pos[0]))
 	}
-	base, err := apiBase(*api)
+	c, err := auth.client(*api, 1, *timeout)
 	if err != nil {
 		return bad(err.Error())
 	}
-	c := &apiClient{base: base, http: newHTTPClient(1, *timeout)}
+	base := c.base
 	ctx := context.Background()
 	if evict != "" {
 		var resp struct{}

@@ -32,7 +32,7 @@ import (
 	"github.com/ratemesh/ratemesh/persistence"
 )
 
-const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--grpc HOST:PORT] [--envoy-config PATH] [--log-format text|json]"
+const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--grpc HOST:PORT] [--envoy-config PATH] [--token-file FILE] [--tls-cert FILE --tls-key FILE [--client-ca FILE]] [--insecure-api] [--metrics-auth] [--log-format text|json]"
 
 // ReadyLine is what serve prints on stdout once it serves: one JSON line.
 type ReadyLine struct {
@@ -63,6 +63,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	logFormat := fset.String("log-format", "text", "log `format` on stderr: text or json (one JSON object a line)")
 	grpcAddr := fset.String("grpc", "", "serve Envoy's rate limit service (gRPC) and gRPC health on `host:port` (port 0 picks one)")
 	envoyCfg := fset.String("envoy-config", "", "envoyproxy/ratelimit descriptor `path`: a YAML file or a directory of *.yaml")
+	tokenFile := fset.String("token-file", "", "API bearer tokens `file`: \"SCOPE TOKEN\" a line, scope decide or admin; re-read on change (api.token_file; also "+envAPITokens+")")
+	tlsCert := fset.String("tls-cert", "", "serve the HTTP API and gRPC over TLS with this PEM certificate `file` (api.tls_cert; with --tls-key); re-read on change")
+	tlsKey := fset.String("tls-key", "", "the PEM private key `file` of --tls-cert (api.tls_key)")
+	clientCA := fset.String("client-ca", "", "require client certificates signed by a CA of this PEM `file` (mutual TLS; api.client_ca)")
+	insecureAPI := fset.Bool("insecure-api", false, "allow a non-loopback --api or --grpc without tokens or client certificates (api.insecure)")
+	metricsAuth := fset.Bool("metrics-auth", false, "/metrics asks for a token too (api.metrics_auth)")
 	if err := fset.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -115,7 +121,31 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	if *envoyCfg != "" {
 		cfg.Envoy.Config = *envoyCfg
 	}
+	for _, f := range []struct{ flag, dst *string }{
+		{tokenFile, &cfg.API.TokenFile}, {tlsCert, &cfg.API.TLSCert}, {tlsKey, &cfg.API.TLSKey}, {clientCA, &cfg.API.ClientCA},
+	} {
+		if *f.flag != "" {
+			*f.dst = *f.flag
+		}
+	}
+	fset.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "insecure-api":
+			cfg.API.Insecure = *insecureAPI
+		case "metrics-auth":
+			cfg.API.MetricsAuth = *metricsAuth
+		}
+	})
 	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
+		return 1
+	}
+	envTokens := os.Getenv(envAPITokens)
+	if err := checkExposure(&cfg, envTokens != ""); err != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
+		return 1
+	}
+	if ex.auth, err = newAPIAuth(&cfg, envTokens, log); err != nil {
 		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
 		return 1
 	}
@@ -223,11 +253,7 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 		return fmt.Errorf("node.api: %w", err)
 	}
 	ln = limitConns(ln, cfg.Node.HTTP)
-	if host, _, err := net.SplitHostPort(ln.Addr().String()); err == nil {
-		if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() {
-			log.Warn("the HTTP API listens on a non-loopback address and has no authentication: anyone who can reach it may spend limits and evict members", "api", ln.Addr().String())
-		}
-	}
+	ex.auth.warn(&cfg, log)
 	gln, err := listenGRPC(&cfg)
 	if err != nil {
 		_ = ln.Close()
@@ -241,7 +267,13 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 	front := &frontHandler{}
 	srv := newAPIServer(cfg.Node.HTTP, front, log)
 	srvDone := make(chan error, 1)
-	go func() { srvDone <- srv.Serve(ln) }()
+	if ex.auth.certs != nil {
+		// HTTP/1.1 only: bounded's deadlines are per connection.
+		srv.TLSConfig = ex.auth.certs.ServerConfig("http/1.1")
+		go func() { srvDone <- srv.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { srvDone <- srv.Serve(ln) }()
+	}
 	shutdownHTTP := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), httpDrain)
 		defer cancel()
@@ -262,21 +294,21 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 		}
 		return err
 	}
-	api, err := httpapi.New(httpapi.Config{Node: n, Transport: m, MaxWait: maxWait, Logger: log.With("component", "api")})
+	api, err := httpapi.New(httpapi.Config{Node: n, Transport: m, MaxWait: maxWait, Logger: log.With("component", "api"), Tokens: ex.auth.tokens, MetricsAuth: cfg.API.MetricsAuth})
 	if err != nil {
 		_ = n.Close()
 		shutdownHTTP()
 		return err
 	}
 	front.h.Store(api)
-	grpcFront, err := startEnvoy(gln, n, api, ex.desc, log)
+	grpcFront, err := startEnvoy(gln, n, api, ex.desc, ex.auth, log)
 	if err != nil {
 		_ = n.Close()
 		shutdownHTTP()
 		return err
 	}
 	defer grpcFront.stop()
-	if err := startDNS(ctx, &cfg, m, log); err != nil {
+	if err := startDNS(ctx, &cfg, m, ex.auth, log); err != nil {
 		_ = n.Close()
 		shutdownHTTP()
 		return err

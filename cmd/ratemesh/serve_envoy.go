@@ -16,6 +16,7 @@ import (
 	golog "github.com/ipfs/go-log/v2"
 	"github.com/libp2p/go-libp2p/gologshim"
 
+	"github.com/ratemesh/ratemesh/apiauth"
 	"github.com/ratemesh/ratemesh/config"
 	"github.com/ratemesh/ratemesh/discovery"
 	"github.com/ratemesh/ratemesh/envoy"
@@ -32,6 +33,8 @@ type serveExtras struct {
 	file      config.Config
 	envoyPath string
 	desc      *envoy.Descriptors
+	// auth is who may call the APIs (the api section).
+	auth *apiAuth
 }
 
 // newLogger returns the daemon's logger: text or JSON lines on w.
@@ -117,11 +120,15 @@ func listenGRPC(cfg *config.Config) (net.Listener, error) {
 }
 
 // startEnvoy serves the rate limit service on ln (nil: no gRPC).
-func startEnvoy(ln net.Listener, n *node.Node, api *httpapi.Server, desc *envoy.Descriptors, log *slog.Logger) (*envoyFront, error) {
+func startEnvoy(ln net.Listener, n *node.Node, api *httpapi.Server, desc *envoy.Descriptors, auth *apiAuth, log *slog.Logger) (*envoyFront, error) {
 	if ln == nil {
 		return nil, nil
 	}
-	srv, err := envoy.New(envoy.Config{Node: n, Descriptors: desc, Registerer: api.Registry(), Logger: log.With("component", "grpc")})
+	var toks *apiauth.Tokens
+	if auth != nil {
+		toks = auth.tokens
+	}
+	srv, err := envoy.New(envoy.Config{Node: n, Descriptors: desc, Registerer: api.Registry(), Logger: log.With("component", "grpc"), Tokens: toks, TLS: auth.grpcTLS()})
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +168,7 @@ func (f *envoyFront) stop() {
 }
 
 // startDNS runs the discovery of the dns: bootstrap entries until ctx ends.
-func startDNS(ctx context.Context, cfg *config.Config, m *mesh.Mesh, log *slog.Logger) error {
+func startDNS(ctx context.Context, cfg *config.Config, m *mesh.Mesh, auth *apiAuth, log *slog.Logger) error {
 	targets := cfg.DNSBootstrap()
 	if len(targets) == 0 {
 		return nil
@@ -170,6 +177,7 @@ func startDNS(ctx context.Context, cfg *config.Config, m *mesh.Mesh, log *slog.L
 		Targets: targets, Self: m.PeerID(), Connect: m.Connect,
 		Connected: func(id string) bool { return slices.Contains(m.Peers(), id) },
 		Logger:    log.With("component", "discovery"),
+		Token:     auth.peerToken, TLS: auth.peerTLS(),
 	})
 	if err != nil {
 		return err
