@@ -288,6 +288,9 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 		m.slot = c.intern(b.From, m)
 		c.recount()
 	}
+	if c.join.heardFrom(m.peer) {
+		c.regate()
+	}
 	if full && b.Has(crdt.FlagWant) {
 		// Asked for our whole view: joining, restarting, or fenced (an
 		// evicted member too: it needs the state to serve again).
@@ -327,7 +330,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	}
 	c.noteEvicted(now, b)
 	if full {
-		c.learnMembers(now, m.peer, b.Members)
+		c.learnMembers(m.peer, b.Members)
 	}
 	if c.mergeEntries(now, b, true, m) > 0 || len(b.Windows)+len(b.Leases) > 0 {
 		c.out.needAck = true

@@ -16,10 +16,30 @@ import (
 // join_timeout. A member whose fence lifts (a partition healed, under the
 // strict policy) joins again the same way: the members heard again hold
 // usage it has not merged yet.
+//
+// A full state's member table is a suggestion, not evidence: the peers it
+// names that this member has not heard are awaited while joining (each
+// until its first batch arrives, or join_timeout), so a joiner through one
+// seed does not decide on the seed and itself alone; they never count in
+// N (docs/design.md, "Trust model"). The suggestions are bounded:
+// maxSuggestPerSender per member that named them, maxSuggested in all.
+
+// The bounds of the suggested peers a joining member awaits: a member
+// table names at most crdt.MaxMembers peers, and a mesh of a few hundred
+// is the largest one joins by suggestion (beyond, gossip names the others
+// within a heartbeat anyway). One sender fills at most a quarter of the
+// table, so a member listing invented peers cannot crowd out the real
+// ones, and the table costs at most about 100 kB; what they cost a joiner
+// is its join_timeout at most.
+const (
+	maxSuggestPerSender = 256
+	maxSuggested        = 1024
+)
 
 // joinState is whether this member serves decisions yet, and what it
-// waits for. Its invariants: while joined, stateFrom and expecting are
-// nil; a peer is never in both.
+// waits for. Its invariants: while joined, stateFrom, expecting,
+// suggested and perSender are nil; a peer is never in both stateFrom and
+// expecting; perSender counts suggested by sender.
 type joinState struct {
 	started time.Time // when the join (or the rejoin) began
 	joined  bool
@@ -38,6 +58,11 @@ type joinState struct {
 	// wants are the peers whose full state asked for a relay (FlagWant),
 	// in the order they asked, until the next Ready.
 	wants []string
+	// suggested holds, while joining, the peers a member table named that
+	// this member has not heard yet, each with the member that named it,
+	// and perSender how many each member named (see suggest).
+	suggested map[string]string
+	perSender map[string]int
 }
 
 // expect notes that peer's full state is on its way while joining (see
@@ -60,7 +85,13 @@ func (j *joinState) arrived(peer string) {
 	}
 	j.stateFrom[peer] = true
 	delete(j.expecting, peer)
-	if len(j.expecting) == 0 {
+	j.maybeJoin()
+}
+
+// maybeJoin joins once a relay has arrived and neither an expected full
+// state nor a suggested peer is outstanding.
+func (j *joinState) maybeJoin() {
+	if !j.joined && len(j.stateFrom) > 0 && len(j.expecting) == 0 && len(j.suggested) == 0 {
 		j.join(false)
 	}
 }
@@ -69,6 +100,45 @@ func (j *joinState) join(timedOut bool) {
 	j.joined, j.became = true, true
 	j.timedOut = j.timedOut || timedOut
 	j.stateFrom, j.expecting = nil, nil
+	j.suggested, j.perSender = nil, nil
+}
+
+// suggest notes, while joining, that from's member table names peer, a
+// peer this member has not heard: the join waits until peer is heard
+// (heardFrom) or join_timeout passes. It reports whether peer is awaited:
+// not once joined, not beyond maxSuggestPerSender from one sender or
+// maxSuggested in all.
+func (j *joinState) suggest(from, peer string) bool {
+	if j.joined {
+		return false
+	}
+	if _, ok := j.suggested[peer]; ok {
+		return true
+	}
+	if len(j.suggested) >= maxSuggested || j.perSender[from] >= maxSuggestPerSender {
+		return false
+	}
+	if j.suggested == nil {
+		j.suggested, j.perSender = make(map[string]string), make(map[string]int)
+	}
+	j.suggested[peer] = from
+	j.perSender[from]++
+	return true
+}
+
+// heardFrom notes a batch peer signed: it is awaited no longer. It
+// reports whether the member joined.
+func (j *joinState) heardFrom(peer string) bool {
+	from, ok := j.suggested[peer]
+	if !ok {
+		return false
+	}
+	delete(j.suggested, peer)
+	if j.perSender[from]--; j.perSender[from] == 0 {
+		delete(j.perSender, from)
+	}
+	j.maybeJoin()
+	return j.joined
 }
 
 // relayed records that peer's relay (its whole view) has arrived.

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -89,5 +90,44 @@ func TestJoinWantsOncePerPeer(t *testing.T) {
 	}
 	if !slices.Equal(j.wants, []string{"b", "a"}) {
 		t.Errorf("wants = %v, want [b a]", j.wants)
+	}
+}
+
+// TestJoinSuggestionsAreBounded checks the suggested peers a joining member
+// awaits: at most maxSuggestPerSender from one sender and maxSuggested in
+// all, each until it is heard, and none once joined; the join waits for
+// them after the relay has arrived.
+func TestJoinSuggestionsAreBounded(t *testing.T) {
+	j := joinState{started: tIn}
+	for i := range 2 * maxSuggestPerSender {
+		j.suggest("liar", fmt.Sprintf("p%d", i))
+	}
+	if len(j.suggested) != maxSuggestPerSender || j.perSender["liar"] != maxSuggestPerSender {
+		t.Fatalf("one sender left %d suggestions (%d counted); want %d", len(j.suggested), j.perSender["liar"], maxSuggestPerSender)
+	}
+	for s := range 2 * maxSuggested / maxSuggestPerSender {
+		for i := range maxSuggestPerSender {
+			j.suggest(fmt.Sprintf("s%d", s), fmt.Sprintf("s%d-%d", s, i))
+		}
+	}
+	if len(j.suggested) != maxSuggested {
+		t.Fatalf("%d suggestions in all, want the cap %d", len(j.suggested), maxSuggested)
+	}
+
+	k := joinState{started: tIn}
+	k.suggest("seed", "a")
+	k.suggest("seed", "b")
+	k.relayed("seed")
+	if k.joined {
+		t.Fatal("joined on the seed's relay with a and b unheard")
+	}
+	if k.heardFrom("a") || k.joined {
+		t.Fatal("joined with b unheard")
+	}
+	if !k.heardFrom("b") || !k.joined || k.suggested != nil || k.perSender != nil {
+		t.Fatalf("after hearing both: %+v; want joined, nothing kept", k)
+	}
+	if k.suggest("seed", "c") || k.suggested != nil {
+		t.Error("a joined member keeps suggestions")
 	}
 }

@@ -233,35 +233,29 @@ func (c *Core) noteEvicted(now time.Time, b *crdt.Batch) {
 	}
 }
 
-// learnMembers adds the members of a full state's member table that this
-// member does not know yet: alive and suspect ones count in N from now on
-// (a joiner must not take one member's view for the whole mesh); dead and
-// left ones are not members to learn of. Known members are left to their
-// own batches.
-func (c *Core) learnMembers(now time.Time, from string, es []crdt.MemberEntry) {
-	added := false
+// learnMembers takes a full state's member table as what it is, the
+// sender's word: the peers it lists alive or suspect that this member has
+// not heard are suggestions a joining member awaits (joinState.suggest),
+// and the transport dials them. They never count in N, and nothing of
+// them is kept once the member has joined: a member's existence,
+// incarnation and state come only from batches it signed, or from this
+// member's own observation (docs/design.md, "Trust model"). Before, every
+// listed member counted in N at once, and 10 full states listing 1024
+// invented members fenced their receiver for good.
+func (c *Core) learnMembers(from string, es []crdt.MemberEntry) {
+	if c.join.joined {
+		return
+	}
 	for _, e := range es {
 		if e.Peer == c.self.Peer || e.Peer == from || c.members.byPeer[e.Peer] != nil {
 			continue
 		}
-		var st State
-		heard := now
-		switch e.State {
-		case crdt.MemberAlive:
-			st = Alive
-		case crdt.MemberSuspect:
-			st, heard = Suspect, now.Add(-c.cfg.SuspectAfter)
-		default:
+		if e.State != crdt.MemberAlive && e.State != crdt.MemberSuspect {
 			continue
 		}
-		m := &member{peer: e.Peer, inc: e.Incarnation, state: st, lastHeard: heard, tag: crdt.PeerTag(e.Peer)}
-		m.slot = c.intern(crdt.Slot{Peer: e.Peer, Incarnation: e.Incarnation}, m)
-		c.members.add(m)
-		c.clock.repairOK = false // until we hear that it reads repair tags
-		added = true
-	}
-	if added {
-		c.recount()
+		if !c.join.suggest(from, e.Peer) {
+			return // the sender's budget, or the table, is full
+		}
 	}
 }
 

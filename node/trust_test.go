@@ -1,0 +1,133 @@
+package node_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/node"
+)
+
+// inventedTable returns a full state of from's listing 1024 invented
+// members alive (round r names a fresh set), as a member that lies, or
+// relays garbage, would send it on the sync stream.
+func inventedTable(from crdt.Slot, rulesHash uint64, r int) *crdt.Batch {
+	b := &crdt.Batch{Version: crdt.Version, From: from, RulesHash: rulesHash, Flags: crdt.FlagFull | crdt.FlagLast}
+	for i := range crdt.MaxMembers {
+		b.Members = append(b.Members, crdt.MemberEntry{Peer: fmt.Sprintf("invented-%02d-%04d", r, i), Incarnation: 1, State: crdt.MemberAlive})
+	}
+	return b
+}
+
+// peersOf returns c's Peers as "peer@incarnation state" strings, and how
+// many of them are invented.
+func peersOf(c *node.Core, now time.Time) (ps []string, invented int) {
+	for _, p := range c.Peers(now) {
+		ps = append(ps, fmt.Sprintf("%s@%d %v", p.Peer, p.Incarnation, p.State))
+		if strings.HasPrefix(p.Peer, "invented-") {
+			invented++
+		}
+	}
+	return ps, invented
+}
+
+// TestCoreMemberTableIsASuggestion: a member sends 10 full states, each
+// listing 1024 invented members alive. A member table is its sender's word:
+// the receiver's N does not grow, it does not fence itself, it knows none
+// of them as a member (so none is saved as a known peer: the runtime saves
+// exactly Peers' live members), and a joiner awaits at most
+// MaxSuggestPerSender of them, until join_timeout. Before, the receiver
+// counted 10,243 members, 10,240 of them suspect, and fenced itself for
+// good.
+func TestCoreMemberTableIsASuggestion(t *testing.T) {
+	const seed = 81
+	reportSeed(t, seed)
+	rules := apiRule(limiter.FixedWindow, 1000)
+	net := cluster(t, 3, seed, rules, nil) // strict
+	net.Delay = 5 * time.Millisecond
+	run(t, net, time.Second, nil)
+	liar := net.Core(2)
+
+	t.Run("ready", func(t *testing.T) {
+		c := net.Core(0)
+		for r := range 10 {
+			if err := c.Step(net.Local(0), inventedTable(liar.Self(), liar.RulesHash(), r)); err != nil {
+				t.Fatal(err)
+			}
+			run(t, net, 100*time.Millisecond, nil)
+		}
+		run(t, net, 3*time.Second, nil) // past suspect_after and reclaim_after of any invented member
+		if n, scale := c.Members(); n != 3 || scale != 1 || c.Fenced() {
+			t.Errorf("after 10 invented tables: Members() = %d, %v, fenced %v; want 3, 1, not fenced", n, scale, c.Fenced())
+		}
+		if ps, inv := peersOf(c, net.Local(0)); len(ps) != 3 || inv != 0 {
+			t.Errorf("Peers() = %d entries, %d invented; want the 3 real members: %v", len(ps), inv, ps[:min(len(ps), 5)])
+		}
+		if got := node.Suggested(c); got != 0 {
+			t.Errorf("a ready member keeps %d suggestions, want 0", got)
+		}
+		if got := allowN(t, net, 0, "api", "k", 10); got != 10 {
+			t.Errorf("admitted %d of 10 after the invented tables", got)
+		}
+	})
+
+	t.Run("joining", func(t *testing.T) {
+		cfg := node.DefaultCoreConfig()
+		j := net.AddThrough(newCore(t, "n03", net.Now(), rules, func(c *node.CoreConfig) { c.Join = true }), 0)
+		c := net.Core(j)
+		for r := range 10 {
+			if err := c.Step(net.Local(j), inventedTable(liar.Self(), liar.RulesHash(), r)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := node.Suggested(c); got > node.MaxSuggestPerSender+2 {
+			t.Errorf("the joiner awaits %d suggested peers; want at most %d from the liar and the seed's 2", got, node.MaxSuggestPerSender+2)
+		}
+		run(t, net, cfg.JoinTimeout-200*time.Millisecond, nil)
+		if c.Ready() {
+			t.Error("the joiner is ready before join_timeout with invented suggestions unheard")
+		}
+		if n, _ := c.Members(); n != 4 {
+			t.Errorf("the joining member counts N = %d; want the 4 members it heard", n)
+		}
+		run(t, net, 400*time.Millisecond, nil)
+		if !c.Ready() || c.Fenced() {
+			t.Fatalf("after join_timeout: ready %v, fenced %v; want ready, not fenced", c.Ready(), c.Fenced())
+		}
+		if n, scale := c.Members(); n != 4 || scale != 1 || node.Suggested(c) != 0 {
+			t.Errorf("after join_timeout: Members() = %d, %v, %d suggestions kept; want 4, 1, none", n, scale, node.Suggested(c))
+		}
+		if ps, inv := peersOf(c, net.Local(j)); len(ps) != 4 || inv != 0 {
+			t.Errorf("Peers() = %d entries, %d invented; want the 4 real members", len(ps), inv)
+		}
+	})
+}
+
+// TestCoreJoinerAwaitsSuggestedMembers: a joiner through one seed of three
+// members is not ready on the seed's relay alone: the seed's table names
+// two more members, which it awaits until it hears them (their gossip
+// reaches it within a heartbeat), so it never decides with N = 2. Their
+// existence comes from their own batches, not from the table.
+func TestCoreJoinerAwaitsSuggestedMembers(t *testing.T) {
+	const seed = 83
+	reportSeed(t, seed)
+	rules := apiRule(limiter.FixedWindow, 1000)
+	join := func(c *node.CoreConfig) { c.Join = true }
+	net := cluster(t, 3, seed, rules, join)
+	net.Delay = 5 * time.Millisecond
+	run(t, net, time.Second, nil)
+	j := net.AddThrough(newCore(t, "n03", net.Now(), rules, join), 0)
+	c := net.Core(j)
+	readyN := 0
+	run(t, net, 2*time.Second, func(time.Time) {
+		if c.Ready() && readyN == 0 {
+			readyN, _ = c.Members()
+		}
+	})
+	if readyN != 4 {
+		t.Errorf("the joiner counted N = %d when it became ready; want 4", readyN)
+	}
+}
