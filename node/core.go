@@ -299,9 +299,11 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	if m.evicted {
 		// We evicted this incarnation; its counts still count, but it is
 		// not a member again until it takes a new incarnation (it learns
-		// of the eviction from our batches).
+		// of the eviction from our batches, which announce it as long as
+		// it is heard).
+		c.members.reannounce(crdt.Slot{Peer: m.peer, Incarnation: m.inc}, now)
 		c.mergeEntries(now, b, false, nil)
-		c.noteEvicted(now, b)
+		c.noteEvicted(now, m, b)
 		return nil
 	}
 	if now.Before(m.lastHeard) {
@@ -328,7 +330,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 			c.nacked(nk.Seq)
 		}
 	}
-	c.noteEvicted(now, b)
+	c.noteEvicted(now, m, b)
 	if full {
 		c.learnMembers(m.peer, b.Members)
 	}

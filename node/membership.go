@@ -39,7 +39,12 @@ type membership struct {
 	fenced bool
 	// fenceSeen is fenced as of the last fenceChange.
 	fenceSeen bool
-	evictions []eviction     // slots we evicted, announced for evictMemory
+	evictions []eviction // slots we evicted, announced for evictMemory
+	// announced holds, by slot, the members that announced it evicted
+	// and when they last did (noteEvicted): only our own slot and the
+	// current incarnations of members we count, forgotten after
+	// evictMemory.
+	announced map[crdt.Slot]map[string]time.Time
 	changes   []MemberChange // transitions since the last Ready
 	// quietUntil is when the next member can cross a silence threshold
 	// of updateMembers at the soonest, as of its last pass (zero: not
@@ -135,7 +140,21 @@ func (ms *membership) fenceChange() *FenceChange {
 	return &FenceChange{Fenced: ms.fenced, Alive: ms.nAlive, Live: ms.n}
 }
 
-// forgetEvictions stops announcing evictions older than evictMemory.
+// reannounce keeps announcing our eviction of slot s, heard from at now:
+// a member evicted during a partition longer than evictMemory learns of
+// it when the partition heals.
+func (ms *membership) reannounce(s crdt.Slot, now time.Time) {
+	for i := range ms.evictions {
+		if ms.evictions[i].slot == s {
+			ms.evictions[i].at = now
+			return
+		}
+	}
+	ms.evictions = append(ms.evictions, eviction{slot: s, at: now})
+}
+
+// forgetEvictions stops announcing evictions older than evictMemory, and
+// forgets announcements as old.
 func (ms *membership) forgetEvictions(now time.Time) {
 	kept := ms.evictions[:0]
 	for _, e := range ms.evictions {
@@ -144,6 +163,16 @@ func (ms *membership) forgetEvictions(now time.Time) {
 		}
 	}
 	ms.evictions = kept
+	for s, by := range ms.announced {
+		for peer, at := range by {
+			if now.Sub(at) >= evictMemory {
+				delete(by, peer)
+			}
+		}
+		if len(by) == 0 {
+			delete(ms.announced, s)
+		}
+	}
 }
 
 // liveByRank returns the live members in rank order (sorted by peer ID),
@@ -218,19 +247,83 @@ func (c *Core) evict(now time.Time, m *member) {
 	c.members.evictions = append(c.members.evictions, eviction{slot: crdt.Slot{Peer: m.peer, Incarnation: m.inc}, at: now})
 }
 
-// noteEvicted acts on the evictions a batch announces: our own makes us
-// take a new incarnation; another member's, if we hold that incarnation,
-// is ours too.
-func (c *Core) noteEvicted(now time.Time, b *crdt.Batch) {
+// noteEvicted records the evictions a batch of by (its authenticated
+// author) announces and acts on those that enough members announce
+// (docs/design.md, "Partitions and crashes"): one member's word evicts
+// nobody and never makes us drop our leases, or a member could do so at
+// will.
+//
+// Our own current slot: we take a new incarnation once the members that
+// announce it are a strict majority of the others — the live members but
+// us, and the announcers we no longer count live (a member we evicted
+// ourselves, say across the same partition). A lone member of three
+// announcing it is not enough; two of two others are, and so is one of
+// one.
+//
+// Another member's current incarnation: we evict it too once its live
+// announcers are a strict majority of the live members, self included.
+// This member's own evidence needs no announcement: updateMembers
+// reclaims a silent member by itself, by the same rule as everyone.
+func (c *Core) noteEvicted(now time.Time, by *member, b *crdt.Batch) {
+	if len(b.Evicted) == 0 {
+		return
+	}
+	ms := &c.members
 	for _, s := range b.Evicted {
 		if s == c.self {
-			c.reincarnate(now)
+			ms.announce(s, by.peer, now)
+			if c.agreed(now, s, true) {
+				c.reincarnate(now)
+			}
 			continue
 		}
-		if m := c.members.byPeer[s.Peer]; m != nil && m.inc == s.Incarnation && !m.evicted {
+		m := ms.byPeer[s.Peer]
+		if m == nil || m.inc != s.Incarnation || m.evicted || m == by {
+			continue // not a member we count: nothing to agree on
+		}
+		ms.announce(s, by.peer, now)
+		if c.agreed(now, s, false) {
 			c.evict(now, m)
 		}
 	}
+}
+
+// announce records that peer announced slot s evicted at now.
+func (ms *membership) announce(s crdt.Slot, peer string, now time.Time) {
+	if ms.announced == nil {
+		ms.announced = make(map[crdt.Slot]map[string]time.Time)
+	}
+	by := ms.announced[s]
+	if by == nil {
+		by = make(map[string]time.Time)
+		ms.announced[s] = by
+	}
+	by[peer] = now
+}
+
+// agreed reports whether enough members announced slot s evicted within
+// evictMemory of now (see noteEvicted); self says s is our own slot.
+func (c *Core) agreed(now time.Time, s crdt.Slot, self bool) bool {
+	ms := &c.members
+	k, others := 0, ms.n-1 // the live members but us
+	for peer, at := range ms.announced[s] {
+		m := ms.byPeer[peer]
+		if m == nil || now.Sub(at) >= evictMemory {
+			continue
+		}
+		live := m.live() && !m.evicted
+		switch {
+		case live:
+			k++
+		case self:
+			k++
+			others++
+		}
+	}
+	if self {
+		return 2*k > others
+	}
+	return 2*k > ms.n
 }
 
 // learnMembers takes a full state's member table as what it is, the

@@ -131,3 +131,80 @@ func TestCoreJoinerAwaitsSuggestedMembers(t *testing.T) {
 		t.Errorf("the joiner counted N = %d when it became ready; want 4", readyN)
 	}
 }
+
+// TestCoreLoneEvictionAnnouncement: one member of five announces the
+// eviction of two others and of the receiver itself (an operator's Evict
+// on it alone, or a member that lies). Nobody adopts it: no member is
+// evicted elsewhere and no member takes a new incarnation, for longer than
+// an eviction is announced. Before, every receiver evicted the named
+// members, and a named member re-incarnated and dropped its leases on one
+// member's word. Then three of the five evict one member: a strict
+// majority, which the others adopt and which makes it re-incarnate once.
+func TestCoreLoneEvictionAnnouncement(t *testing.T) {
+	const seed = 87
+	reportSeed(t, seed)
+	rules := []limiter.Rule{
+		{Name: "api", Algorithm: limiter.FixedWindow, Limit: 1000, Window: time.Second},
+		{Name: "cc", Algorithm: limiter.Concurrency, Limit: 100, LeaseTTL: 5 * time.Minute},
+	}
+	net := cluster(t, 5, seed, rules, nil)
+	net.Delay = 5 * time.Millisecond
+	rec := record(net)
+	run(t, net, time.Second, nil)
+	incs := make([]uint64, 5)
+	for i := range 5 {
+		incs[i] = net.Core(i).Self().Incarnation
+	}
+	if _, d, err := net.Core(0).Acquire(net.Local(0), "cc", "k", ""); err != nil || !d.Allowed {
+		t.Fatalf("Acquire = %+v, %v", d, err)
+	}
+	for _, p := range []string{"n00", "n01", "n02"} {
+		if err := net.Core(4).Evict(net.Local(4), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, net, 70*time.Second, nil) // past evictMemory (1 min)
+	for i := range 5 {
+		if len(rec.newInc[i]) != 0 || net.Core(i).Self().Incarnation != incs[i] {
+			t.Errorf("member %d took new incarnations %v on one member's word", i, rec.newInc[i])
+		}
+	}
+	for i := range 4 {
+		if n, _ := net.Core(i).Members(); n != 5 {
+			t.Errorf("member %d counts N = %d; want 5", i, n)
+		}
+	}
+	if ls := net.Core(0).Leases(); len(ls) != 1 {
+		t.Errorf("member 0 holds %d leases, want its 1", len(ls))
+	}
+	if got := total(t, net.Core(1), net.Local(1), "cc", "k"); got != 1 {
+		t.Errorf("member 1 counts %d of member 0's leases, want 1", got)
+	}
+
+	at := net.Now()
+	for _, i := range []int{1, 2, 3} {
+		if err := net.Core(i).Evict(net.Local(i), "n00"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, net, 2*time.Second, nil)
+	if len(rec.newInc[0]) != 1 {
+		t.Errorf("member 0 took new incarnations %v after a majority evicted it; want one", rec.newInc[0])
+	}
+	if ls := net.Core(0).Leases(); len(ls) != 0 {
+		t.Errorf("member 0 still holds %d leases after its eviction by a majority", len(ls))
+	}
+	for i := 1; i < 5; i++ {
+		if len(rec.newInc[i]) != 0 {
+			t.Errorf("member %d took new incarnations %v", i, rec.newInc[i])
+		}
+		if n, _ := net.Core(i).Members(); i < 4 && n != 5 {
+			t.Errorf("member %d counts N = %d after member 0 re-incarnated; want 5", i, n)
+		}
+	}
+	// Member 4 had evicted member 0 alone; it adopted nothing then and
+	// takes the new incarnation as a member now.
+	if ch := rec.of(4, "n00", at); len(ch) == 0 || !ch[len(ch)-1].New || ch[len(ch)-1].To != node.Alive {
+		t.Errorf("member 4 reported %+v about n00; want its new incarnation alive last", ch)
+	}
+}
