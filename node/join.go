@@ -180,21 +180,32 @@ func (j *joinState) heard(peer string) {
 // partition-time admissions arrive with their full states, and a
 // heartbeat may come first — so the member joins again, expecting the full
 // state of each of them that is still alive (alive reports it) and has not
-// sent it yet, or until join_timeout passes. It reports whether the member
-// stopped serving.
-func (j *joinState) fence(now time.Time, fenced bool, self string, alive func(peer string) bool) (rejoined bool) {
+// sent it yet, and of every member still suspect (suspects returns them):
+// the fence lifts with the first members of the other side heard, and the
+// others' streams restart later, and until their full states arrive this
+// member cannot know whether they evicted it. It waits until join_timeout
+// passes at most. It reports whether the member stopped serving.
+func (j *joinState) fence(now time.Time, fenced bool, self string, alive func(peer string) bool, suspects func() []string) (rejoined bool) {
 	switch {
 	case j.wasFenced && !fenced:
 		healed := j.healed
 		j.healed = nil
-		for peer, arrived := range healed {
-			if arrived || !alive(peer) {
-				continue
-			}
+		rejoin := func(peer string) {
 			if j.joined {
 				j.joined, j.started, rejoined = false, now, true
 			}
 			j.expect(self, peer)
+		}
+		for peer, arrived := range healed {
+			if arrived || !alive(peer) {
+				continue
+			}
+			rejoin(peer)
+		}
+		for _, peer := range suspects() {
+			if !healed[peer] {
+				rejoin(peer)
+			}
 		}
 	case fenced && !j.wasFenced:
 		j.healed = nil
@@ -228,7 +239,16 @@ func (c *Core) noteFence(now time.Time) {
 		m := c.members.byPeer[peer]
 		return m != nil && m.state == Alive
 	}
-	if c.join.fence(now, c.members.fenced, c.self.Peer, alive) {
+	suspects := func() []string {
+		var out []string
+		for _, m := range c.members.order {
+			if m.state == Suspect && !m.evicted {
+				out = append(out, m.peer)
+			}
+		}
+		return out
+	}
+	if c.join.fence(now, c.members.fenced, c.self.Peer, alive, suspects) {
 		c.regate()
 	}
 }

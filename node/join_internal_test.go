@@ -55,31 +55,42 @@ func TestJoinTimesOut(t *testing.T) {
 func TestJoinRejoinsWhenTheFenceLifts(t *testing.T) {
 	j := joinState{started: tIn, joined: true}
 	alive := func(p string) bool { return p != "gone" }
+	none := func() []string { return nil }
 	now := tIn.Add(time.Minute)
-	if j.fence(now, true, "me", alive) {
+	if j.fence(now, true, "me", alive, none) {
 		t.Fatal("fencing made the member rejoin")
 	}
 	j.heard("a")
 	j.heard("b")
 	j.heard("gone")
 	j.relayed("b")
-	if !j.fence(now, false, "me", alive) {
+	if !j.fence(now, false, "me", alive, none) {
 		t.Fatal("the fence lifted with a's relay missing and the member still serves")
 	}
 	if j.joined || !j.started.Equal(now) || !j.expecting["a"] || len(j.expecting) != 1 {
 		t.Errorf("after the fence lifted: joined %v, started %v, expecting %v; want joining since now, expecting a", j.joined, j.started, j.expecting)
 	}
-	if j.fence(now, false, "me", alive) {
+	if j.fence(now, false, "me", alive, none) {
 		t.Error("a second call without a fence rejoined again")
 	}
 	// Every member heard again has sent its relay: the fence lifts
 	// without a rejoin.
 	k := joinState{started: tIn, joined: true}
-	k.fence(now, true, "me", alive)
+	k.fence(now, true, "me", alive, none)
 	k.heard("a")
 	k.relayed("a")
-	if k.fence(now, false, "me", alive) || !k.joined {
+	if k.fence(now, false, "me", alive, none) || !k.joined {
 		t.Error("rejoined although every member heard again had sent its relay")
+	}
+	// A member still suspect when the fence lifts (its stream to us has
+	// not restarted yet) is expected too: its full state says whether it
+	// evicted us.
+	l := joinState{started: tIn, joined: true}
+	l.fence(now, true, "me", alive, none)
+	l.heard("a")
+	l.relayed("a")
+	if !l.fence(now, false, "me", alive, func() []string { return []string{"a", "s"} }) || l.joined || !l.expecting["s"] || len(l.expecting) != 1 {
+		t.Errorf("with s still suspect: joined %v, expecting %v; want rejoined, expecting s alone", l.joined, l.expecting)
 	}
 }
 

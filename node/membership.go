@@ -17,8 +17,12 @@ import (
 // policy. Under the strict one a silent member is reclaimed after
 // ReclaimAfter by a side that holds a strict majority, evicted after
 // EvictAfter by a side of exactly half, and a side without a majority
-// fences itself. Evictions are announced in our batches for evictMemory;
-// an evicted member that comes back takes a new incarnation. A newer
+// fences itself; a reclaim needs a majority that has held for
+// ReclaimAfter, so a healed minority reclaims nobody at once. Evictions
+// are announced in our batches for evictMemory (and while the evicted
+// incarnation is heard); an evicted member that comes back takes a new
+// incarnation once a strict majority announces it, and an announced
+// eviction of another member is adopted on the same condition. A newer
 // incarnation of a peer replaces the older at once.
 
 const evictMemory = time.Minute // how long our batches announce an eviction
@@ -56,6 +60,11 @@ type membership struct {
 	// Core.Tick): no member's silence counts from before it towards a
 	// reclaim, an eviction or death.
 	wokeAt time.Time
+	// minorityAt is the last pass of updateMembers that found this
+	// member's side without a strict majority (fenced, or an exact half):
+	// no member's silence counts from before it towards a reclaim
+	// (reclaimSince).
+	minorityAt time.Time
 }
 
 type eviction struct {
@@ -356,6 +365,9 @@ func (c *Core) learnMembers(from string, es []crdt.MemberEntry) {
 // or evicted, by the partition policy.
 func (c *Core) updateMembers(now time.Time) {
 	ms := &c.members
+	if c.cfg.Policy == Strict && !ms.majority() {
+		ms.minorityAt = now
+	}
 	if now.Before(ms.quietUntil) {
 		return // no member can have crossed a threshold yet
 	}
@@ -380,6 +392,10 @@ func (c *Core) updateMembers(now time.Time) {
 		}
 	}
 	reclaim := c.cfg.reclaimAfter()
+	// An exact half evicts every member silent past evict_after in one
+	// pass: the first eviction makes it a majority, but one that has not
+	// held for reclaim_after (reclaimSince).
+	half := ms.half()
 	for _, m := range ms.order {
 		if m.state == Left || m.state == Dead {
 			continue
@@ -387,9 +403,9 @@ func (c *Core) updateMembers(now time.Time) {
 		silent := now.Sub(m.lastHeard)
 		gone := now.Sub(ms.heardSince(m))
 		switch {
-		case c.cfg.Policy == Strict && gone >= reclaim && ms.majority():
+		case c.cfg.Policy == Strict && now.Sub(ms.reclaimSince(m)) >= reclaim && ms.majority():
 			c.reclaim(now, m)
-		case c.cfg.Policy == Strict && gone >= c.cfg.EvictAfter && ms.half():
+		case c.cfg.Policy == Strict && gone >= c.cfg.EvictAfter && (half || ms.half()):
 			c.evict(now, m)
 		case c.cfg.Policy == Available && gone >= c.cfg.DeadAfter:
 			c.setState(m, Dead)
@@ -411,6 +427,23 @@ func (ms *membership) heardSince(m *member) time.Time {
 		return ms.wokeAt
 	}
 	return m.lastHeard
+}
+
+// reclaimSince returns when m's silence began as far as a reclaim goes:
+// heardSince, or the last time this member's side held no strict
+// majority if that came later. A side that was fenced, or an exact half,
+// reconnects with the members of the other side one stream after another
+// when a partition heals; the first heard made a majority that reclaimed
+// the rest at once, silent since the partition began (a healed 2 | 3
+// split under strict evicted all five members within 60 ms, each taking
+// a new incarnation). A reclaim needs a strict majority that has held for
+// reclaim_after: time to reconnect with everyone still there.
+func (ms *membership) reclaimSince(m *member) time.Time {
+	since := ms.heardSince(m)
+	if ms.minorityAt.After(since) {
+		return ms.minorityAt
+	}
+	return since
 }
 
 // nextSilence returns when updateMembers can move a member on at the
@@ -435,7 +468,7 @@ func (c *Core) nextSilence() time.Time {
 		}
 		since := c.members.heardSince(m)
 		if c.cfg.Policy == Strict {
-			at(since, reclaim)
+			at(c.members.reclaimSince(m), reclaim)
 			at(since, c.cfg.EvictAfter)
 		} else {
 			at(since, c.cfg.DeadAfter)

@@ -208,3 +208,78 @@ func TestCoreLoneEvictionAnnouncement(t *testing.T) {
 		t.Errorf("member 4 reported %+v about n00; want its new incarnation alive last", ch)
 	}
 }
+
+// TestCoreStrictHealNoCascade: 5 cores under strict, 300 requests a second
+// offered for a limit of 100, split 2 | 3 for 31 s, then healed — with the
+// majority members 3 and 4 heard by the minority 300 ms after member 2,
+// as streams restart one after another. The majority reclaimed the
+// minority during the split: each minority member takes one new
+// incarnation when it learns so, and no majority member takes any. Before,
+// a minority member that heard member 2 first held a majority of what it
+// heard, reclaimed members 3 and 4 at once (silent for 31 s) and announced
+// it; they took new incarnations, and the cascade reached all five. Now
+// the minority declares nobody dead after the heal (a reclaim needs a
+// majority that has held for reclaim_after), and one member's
+// announcement would not make anyone re-incarnate anyway. No window
+// admits more than the limit.
+func TestCoreStrictHealNoCascade(t *testing.T) {
+	const (
+		seed  = 89
+		limit = 100
+		split = 31 * time.Second
+		late  = 300 * time.Millisecond
+	)
+	reportSeed(t, seed)
+	net := cluster(t, 5, seed, apiRule(limiter.FixedWindow, limit), nil)
+	net.Delay = 5 * time.Millisecond
+	rec := record(net)
+	perWin, denied := map[int64]int{}, map[limiter.Reason]int{}
+	drive := offerTo(t, net, []int{0, 1, 2, 3, 4}, 3*limit, perWin, denied)
+	run(t, net, time.Second, drive)
+	net.Partition([]int{0, 1}, []int{2, 3, 4})
+	run(t, net, split, drive)
+	for _, i := range []int{0, 1} {
+		if !net.Core(i).Fenced() {
+			t.Fatalf("minority member %d is not fenced before the heal", i)
+		}
+	}
+	healed := net.Now()
+	net.Filter = func(from, to int, _ *crdt.Batch) bool {
+		return !(from >= 3 && to < 2 && net.Now().Sub(healed) < late)
+	}
+	net.Recover()
+	run(t, net, 10*time.Second, drive)
+	net.Filter = nil
+	for i := range 5 {
+		want := 0
+		if i < 2 {
+			want = 1 // reclaimed by the majority during the split
+		}
+		if len(rec.newInc[i]) != want {
+			t.Errorf("member %d took new incarnations %v; want %d", i, rec.newInc[i], want)
+		}
+	}
+	// The minority declares nobody dead from its own evidence.
+	for _, i := range []int{0, 1} {
+		for _, p := range []string{"n02", "n03", "n04"} {
+			for _, ch := range rec.of(i, p, healed) {
+				if ch.To == node.Dead {
+					t.Errorf("minority member %d declared %s dead %v after the heal", i, p, ch.at.Sub(healed))
+				}
+			}
+		}
+	}
+	for i := range 5 {
+		c := net.Core(i)
+		if n, scale := c.Members(); n != 5 || scale != 1 || c.Fenced() || !c.Ready() {
+			t.Errorf("member %d after the heal: Members() = %d, %v, fenced %v, ready %v; want 5, 1, not fenced, ready", i, n, scale, c.Fenced(), c.Ready())
+		}
+	}
+	first := t0.UnixMilli() / 1000
+	for w := first; w <= net.Now().UnixMilli()/1000; w++ {
+		if perWin[w] > limit {
+			t.Errorf("window %d admitted %d, over the limit %d", w-first, perWin[w], limit)
+		}
+	}
+	t.Logf("denied: %v", denied)
+}
