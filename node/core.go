@@ -184,12 +184,13 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 		members:     newMembership(),
 		out:         newOutbox(now, cfg.RepairInterval),
 		clock:       newMeshClock(&cfg, now),
-		join:        joinState{started: now, joined: !cfg.Join},
+		join:        joinState{started: now, joined: !cfg.Join, everJoined: !cfg.Join},
 		leases:      newLeaseTable(),
 		nextCollect: now,
 	}
 	c.recount() // alone: n 1, rank 0, scale 1
 	c.selfID = c.intern(c.self, nil)
+	c.seedKnown(now, cfg.Known)
 	rules := make([]limiter.Rule, len(cfg.Rules))
 	for i, r := range cfg.Rules {
 		l, err := limiter.New(r, c.c, c.selfID) // draws stratified mesh-wide: see limiter.Limiter.draw
@@ -536,7 +537,12 @@ func (c *Core) Tick(now time.Time) Ready {
 	rd.NewIncarnation, c.newInc = c.newInc, 0
 	rd.Joined, rd.JoinTimedOut = c.join.became, c.join.timedOut
 	c.join.became, c.join.timedOut = false, false
-	rd.Fence = c.members.fenceChange()
+	if c.join.everJoined {
+		// A member joining for the first time answers joining; a fence
+		// meanwhile (members it knew from an earlier run not heard yet)
+		// is reported once it has joined, if it holds.
+		rd.Fence = c.members.fenceChange()
+	}
 	rd.Skew = c.clock.skewChange()
 	rd.NextTick = c.out.nextSync
 	return rd

@@ -43,6 +43,9 @@ const (
 type joinState struct {
 	started time.Time // when the join (or the rejoin) began
 	joined  bool
+	// everJoined: the member has joined at least once (a rejoin after a
+	// fence lifted is not its first join).
+	everJoined bool
 	// stateFrom holds, while joining, the peers whose full state has
 	// arrived, and expecting the connected peers whose full state is
 	// awaited.
@@ -97,7 +100,7 @@ func (j *joinState) maybeJoin() {
 }
 
 func (j *joinState) join(timedOut bool) {
-	j.joined, j.became = true, true
+	j.joined, j.became, j.everJoined = true, true, true
 	j.timedOut = j.timedOut || timedOut
 	j.stateFrom, j.expecting = nil, nil
 	j.suggested, j.perSender = nil, nil

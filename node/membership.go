@@ -361,6 +361,40 @@ func (c *Core) learnMembers(from string, es []crdt.MemberEntry) {
 	}
 }
 
+// maxKnown is how many known peers (CoreConfig.Known) a member seeds its
+// table with: as many as a member table holds.
+const maxKnown = crdt.MaxMembers
+
+// seedKnown counts the peers this member saw as live members in an
+// earlier run as suspect members, silent since now, under incarnation 0
+// (their first batch replaces it at once): its own evidence, from before
+// the restart. A member restarted on the minority side of a partition
+// under strict hears only the minority, and without them would count the
+// minority alone as the mesh and decide with it; with them it fences
+// itself until it hears a majority of them. What it costs: a known peer
+// that is gone for good (removed while this member was down) counts until
+// a majority reclaims it (reclaim_after) — and a member that hears no
+// majority of the peers it knew stays fenced until an operator evicts
+// them (docs/design.md, "Restart without flags").
+func (c *Core) seedKnown(now time.Time, peers []string) {
+	added := 0
+	for _, p := range peers {
+		if added == maxKnown {
+			break
+		}
+		if p == c.self.Peer || p == "" || c.members.byPeer[p] != nil {
+			continue
+		}
+		m := &member{peer: p, state: Suspect, lastHeard: now, tag: crdt.PeerTag(p)}
+		m.slot = c.intern(crdt.Slot{Peer: p}, m)
+		c.members.add(m)
+		added++
+	}
+	if added > 0 {
+		c.recount()
+	}
+}
+
 // updateMembers moves silent members on at now: suspect, dead, reclaimed
 // or evicted, by the partition policy.
 func (c *Core) updateMembers(now time.Time) {

@@ -283,3 +283,61 @@ func TestCoreStrictHealNoCascade(t *testing.T) {
 	}
 	t.Logf("denied: %v", denied)
 }
+
+// TestCoreRestartOnMinoritySideFences: 5 cores under strict split 2 | 3;
+// minority member 0 restarts and rejoins through member 1, the only one
+// it can reach. Member 1's member table lists the majority suspect, but a
+// table is no evidence; the peers member 0 saw itself in its last run
+// (CoreConfig.Known, saved by the runtime) are: it counts them suspect
+// and fences itself, and never decides as if member 1 and itself were the
+// mesh. Without them it would be ready and unfenced with N = 2 beside a
+// majority deciding at the whole limit. After the heal it is a member
+// like any other.
+func TestCoreRestartOnMinoritySideFences(t *testing.T) {
+	const seed = 91
+	for _, known := range []bool{true, false} {
+		t.Run(fmt.Sprintf("known_%v", known), func(t *testing.T) {
+			net, cfg := fencedMinority(t, seed)
+			run(t, net, cfg.DeadAfter, nil) // the majority reclaims the minority
+			net.Crash(0)
+			run(t, net, 100*time.Millisecond, nil)
+			now := net.Local(0)
+			c := newCore(t, "n00", now, apiRule(limiter.FixedWindow, 1000), func(cc *node.CoreConfig) {
+				cc.Incarnation = node.NextIncarnation(net.Core(0).Self().Incarnation, now)
+				cc.Join = true
+				if known {
+					cc.Known = []string{"n01", "n02", "n03", "n04", "n00", "n02"}
+				}
+			})
+			net.ReplaceThrough(0, c, 1)
+			run(t, net, cfg.JoinTimeout+time.Second, nil)
+			n, _ := c.Members()
+			if !known {
+				if c.Fenced() || n != 2 {
+					t.Errorf("without known peers: fenced %v, N = %d; the case this guards against is unfenced with N = 2", c.Fenced(), n)
+				}
+				return
+			}
+			if !c.Ready() || !c.Fenced() || n != 5 {
+				t.Fatalf("restarted on the minority side: ready %v, fenced %v, N = %d; want ready, fenced, 5", c.Ready(), c.Fenced(), n)
+			}
+			d, err := c.Allow(net.Local(0), "api", "k", limiter.Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed || d.Reason != limiter.ReasonFenced {
+				t.Errorf("decision %+v; want denied, fenced", d)
+			}
+			net.Recover()
+			run(t, net, cfg.JoinTimeout+time.Second, nil)
+			for i := range 5 {
+				if n, _ := net.Core(i).Members(); n != 5 || net.Core(i).Fenced() {
+					t.Errorf("member %d after the heal: N = %d, fenced %v; want 5, not fenced", i, n, net.Core(i).Fenced())
+				}
+			}
+			if got := allowN(t, net, 0, "api", "k", 10); got != 10 {
+				t.Errorf("member 0 admitted %d of 10 after the heal", got)
+			}
+		})
+	}
+}
