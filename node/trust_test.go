@@ -309,8 +309,24 @@ func TestCoreRestartOnMinoritySideFences(t *testing.T) {
 					cc.Known = []string{"n01", "n02", "n03", "n04", "n00", "n02"}
 				}
 			})
+			var joinedAt, fencedAt time.Time
+			net.OnReady = func(i int, now time.Time, rd node.Ready) {
+				if i != 0 {
+					return
+				}
+				if rd.Joined && joinedAt.IsZero() {
+					joinedAt = now
+				}
+				if rd.Fence != nil && rd.Fence.Fenced && fencedAt.IsZero() {
+					fencedAt = now
+				}
+			}
 			net.ReplaceThrough(0, c, 1)
 			run(t, net, cfg.JoinTimeout+time.Second, nil)
+			net.OnReady = nil
+			if known && (fencedAt.IsZero() || joinedAt.IsZero() || fencedAt.Before(joinedAt)) {
+				t.Errorf("the fence was reported at %v, the join at %v; want the fence reported, not before the join", fencedAt, joinedAt)
+			}
 			n, _ := c.Members()
 			if !known {
 				if c.Fenced() || n != 2 {
