@@ -289,7 +289,7 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 		m.slot = c.intern(b.From, m)
 		c.recount()
 	}
-	if c.join.heardFrom(m.peer) {
+	if !c.join.joined && c.join.heardFrom(m.peer) {
 		c.regate()
 	}
 	if full && b.Has(crdt.FlagWant) {
