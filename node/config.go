@@ -69,6 +69,15 @@ type CoreConfig struct {
 	// JoinTimeout passes. Without it the member is ready at once.
 	Join        bool
 	JoinTimeout time.Duration
+	// Known are the peers this member saw as live members in an earlier
+	// run (the runtime loads them from Store.LoadPeers): its own
+	// observation, unlike a peer's member table. NewCore counts each as a
+	// suspect member, silent since it starts, until a batch of its own
+	// arrives, so a member restarted on the minority side of a partition
+	// under Strict fences itself instead of deciding with the members it
+	// happens to hear. At most maxKnown are taken, duplicates and the
+	// member's own peer ID skipped.
+	Known []string
 	// MaxSkew is the clock offset to the mesh beyond which the member
 	// reports the skew (Ready.Skew).
 	MaxSkew time.Duration

@@ -188,12 +188,13 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 		members:     newMembership(),
 		out:         newOutbox(now, cfg.RepairInterval),
 		clock:       newMeshClock(&cfg, now),
-		join:        joinState{started: now, joined: !cfg.Join},
+		join:        joinState{started: now, joined: !cfg.Join, everJoined: !cfg.Join},
 		leases:      newLeaseTable(),
 		nextCollect: now,
 	}
 	c.recount() // alone: n 1, rank 0, scale 1
 	c.selfID = c.intern(c.self, nil)
+	c.seedKnown(now, cfg.Known)
 	rules := make([]limiter.Rule, len(cfg.Rules))
 	for i, r := range cfg.Rules {
 		l, err := limiter.New(r, c.c, c.selfID) // draws stratified mesh-wide: see limiter.Limiter.draw
@@ -292,6 +293,9 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 		m.slot = c.intern(b.From, m)
 		c.recount()
 	}
+	if !c.join.joined && c.join.heardFrom(m.peer) {
+		c.regate()
+	}
 	if full && b.Has(crdt.FlagWant) {
 		// Asked for our whole view: joining, restarting, or fenced (an
 		// evicted member too: it needs the state to serve again).
@@ -300,9 +304,11 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	if m.evicted {
 		// We evicted this incarnation; its counts still count, but it is
 		// not a member again until it takes a new incarnation (it learns
-		// of the eviction from our batches).
+		// of the eviction from our batches, which announce it as long as
+		// it is heard).
+		c.members.reannounce(crdt.Slot{Peer: m.peer, Incarnation: m.inc}, now)
 		c.mergeEntries(now, b, false, nil)
-		c.noteEvicted(now, b)
+		c.noteEvicted(now, m, b)
 		return nil
 	}
 	if now.Before(m.lastHeard) {
@@ -329,9 +335,9 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 			c.nacked(nk.Seq)
 		}
 	}
-	c.noteEvicted(now, b)
+	c.noteEvicted(now, m, b)
 	if full {
-		c.learnMembers(now, m.peer, b.Members)
+		c.learnMembers(m.peer, b.Members)
 	}
 	if c.mergeEntries(now, b, true, m) > 0 || len(b.Windows)+len(b.Leases) > 0 {
 		c.out.needAck = true
@@ -561,7 +567,12 @@ func (c *Core) Tick(now time.Time) Ready {
 	rd.NewIncarnation, c.newInc = c.newInc, 0
 	rd.Joined, rd.JoinTimedOut = c.join.became, c.join.timedOut
 	c.join.became, c.join.timedOut = false, false
-	rd.Fence = c.members.fenceChange()
+	if c.join.everJoined {
+		// A member joining for the first time answers joining; a fence
+		// meanwhile (members it knew from an earlier run not heard yet)
+		// is reported once it has joined, if it holds.
+		rd.Fence = c.members.fenceChange()
+	}
 	rd.Skew = c.clock.skewChange()
 	rd.NextTick = c.out.nextSync
 	return rd

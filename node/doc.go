@@ -79,11 +79,16 @@
 //
 // A member is alive while heard within SuspectAfter, then suspect (still
 // holding capacity), then dead after DeadAfter under the available policy,
-// or evicted after EvictAfter under the strict one. Evictions are
-// announced; an evicted member that comes back takes a new incarnation
-// (Ready.NewIncarnation) and drops its leases. A newer incarnation of a
-// peer replaces the older at once: the older slot's leases stop counting,
-// its window counts count until their windows end.
+// or reclaimed after ReclaimAfter (evicted after EvictAfter by an exact
+// half) under the strict one. A member exists for this one once a batch it
+// signed arrives (or, at start, if it was a member in this one's last run:
+// CoreConfig.Known); a peer's member table only suggests peers to dial and
+// to await while joining. Evictions are announced; an evicted member that
+// comes back takes a new incarnation (Ready.NewIncarnation) and drops its
+// leases once a strict majority announces it, and an announced eviction
+// of another member is adopted on the same condition. A newer incarnation
+// of a peer replaces the older at once: the older slot's leases stop
+// counting, its window counts count until their windows end.
 //
 // # Mesh time
 //

@@ -89,3 +89,10 @@ func (p *RefPersister) Done(f *Flush, err error) {
 		p.released = append(p.released, f.Released...)
 	}
 }
+
+// Suggested returns how many peers named by member tables c awaits while
+// joining (joinState.suggest).
+func Suggested(c *Core) int { return len(c.join.suggested) }
+
+// MaxSuggestPerSender is maxSuggestPerSender, for tests.
+const MaxSuggestPerSender = maxSuggestPerSender

@@ -16,13 +16,36 @@ import (
 // join_timeout. A member whose fence lifts (a partition healed, under the
 // strict policy) joins again the same way: the members heard again hold
 // usage it has not merged yet.
+//
+// A full state's member table is a suggestion, not evidence: the peers it
+// names that this member has not heard are awaited while joining (each
+// until its first batch arrives, or join_timeout), so a joiner through one
+// seed does not decide on the seed and itself alone; they never count in
+// N (docs/design.md, "Trust model"). The suggestions are bounded:
+// maxSuggestPerSender per member that named them, maxSuggested in all.
+
+// The bounds of the suggested peers a joining member awaits: a member
+// table names at most crdt.MaxMembers peers, and a mesh of a few hundred
+// is the largest one joins by suggestion (beyond, gossip names the others
+// within a heartbeat anyway). One sender fills at most a quarter of the
+// table, so a member listing invented peers cannot crowd out the real
+// ones, and the table costs at most about 100 kB; what they cost a joiner
+// is its join_timeout at most.
+const (
+	maxSuggestPerSender = 256
+	maxSuggested        = 1024
+)
 
 // joinState is whether this member serves decisions yet, and what it
-// waits for. Its invariants: while joined, stateFrom and expecting are
-// nil; a peer is never in both.
+// waits for. Its invariants: while joined, stateFrom, expecting,
+// suggested and perSender are nil; a peer is never in both stateFrom and
+// expecting; perSender counts suggested by sender.
 type joinState struct {
 	started time.Time // when the join (or the rejoin) began
 	joined  bool
+	// everJoined: the member has joined at least once (a rejoin after a
+	// fence lifted is not its first join).
+	everJoined bool
 	// stateFrom holds, while joining, the peers whose full state has
 	// arrived, and expecting the connected peers whose full state is
 	// awaited.
@@ -38,6 +61,11 @@ type joinState struct {
 	// wants are the peers whose full state asked for a relay (FlagWant),
 	// in the order they asked, until the next Ready.
 	wants []string
+	// suggested holds, while joining, the peers a member table named that
+	// this member has not heard yet, each with the member that named it,
+	// and perSender how many each member named (see suggest).
+	suggested map[string]string
+	perSender map[string]int
 }
 
 // expect notes that peer's full state is on its way while joining (see
@@ -60,15 +88,60 @@ func (j *joinState) arrived(peer string) {
 	}
 	j.stateFrom[peer] = true
 	delete(j.expecting, peer)
-	if len(j.expecting) == 0 {
+	j.maybeJoin()
+}
+
+// maybeJoin joins once a relay has arrived and neither an expected full
+// state nor a suggested peer is outstanding.
+func (j *joinState) maybeJoin() {
+	if !j.joined && len(j.stateFrom) > 0 && len(j.expecting) == 0 && len(j.suggested) == 0 {
 		j.join(false)
 	}
 }
 
 func (j *joinState) join(timedOut bool) {
-	j.joined, j.became = true, true
+	j.joined, j.became, j.everJoined = true, true, true
 	j.timedOut = j.timedOut || timedOut
 	j.stateFrom, j.expecting = nil, nil
+	j.suggested, j.perSender = nil, nil
+}
+
+// suggest notes, while joining, that from's member table names peer, a
+// peer this member has not heard: the join waits until peer is heard
+// (heardFrom) or join_timeout passes. It reports whether peer is awaited:
+// not once joined, not beyond maxSuggestPerSender from one sender or
+// maxSuggested in all.
+func (j *joinState) suggest(from, peer string) bool {
+	if j.joined {
+		return false
+	}
+	if _, ok := j.suggested[peer]; ok {
+		return true
+	}
+	if len(j.suggested) >= maxSuggested || j.perSender[from] >= maxSuggestPerSender {
+		return false
+	}
+	if j.suggested == nil {
+		j.suggested, j.perSender = make(map[string]string), make(map[string]int)
+	}
+	j.suggested[peer] = from
+	j.perSender[from]++
+	return true
+}
+
+// heardFrom notes a batch peer signed: it is awaited no longer. It
+// reports whether the member joined.
+func (j *joinState) heardFrom(peer string) bool {
+	from, ok := j.suggested[peer]
+	if !ok {
+		return false
+	}
+	delete(j.suggested, peer)
+	if j.perSender[from]--; j.perSender[from] == 0 {
+		delete(j.perSender, from)
+	}
+	j.maybeJoin()
+	return j.joined
 }
 
 // relayed records that peer's relay (its whole view) has arrived.
@@ -110,21 +183,32 @@ func (j *joinState) heard(peer string) {
 // partition-time admissions arrive with their full states, and a
 // heartbeat may come first — so the member joins again, expecting the full
 // state of each of them that is still alive (alive reports it) and has not
-// sent it yet, or until join_timeout passes. It reports whether the member
-// stopped serving.
-func (j *joinState) fence(now time.Time, fenced bool, self string, alive func(peer string) bool) (rejoined bool) {
+// sent it yet, and of every member still suspect (suspects returns them):
+// the fence lifts with the first members of the other side heard, and the
+// others' streams restart later, and until their full states arrive this
+// member cannot know whether they evicted it. It waits until join_timeout
+// passes at most. It reports whether the member stopped serving.
+func (j *joinState) fence(now time.Time, fenced bool, self string, alive func(peer string) bool, suspects func() []string) (rejoined bool) {
 	switch {
 	case j.wasFenced && !fenced:
 		healed := j.healed
 		j.healed = nil
-		for peer, arrived := range healed {
-			if arrived || !alive(peer) {
-				continue
-			}
+		rejoin := func(peer string) {
 			if j.joined {
 				j.joined, j.started, rejoined = false, now, true
 			}
 			j.expect(self, peer)
+		}
+		for peer, arrived := range healed {
+			if arrived || !alive(peer) {
+				continue
+			}
+			rejoin(peer)
+		}
+		for _, peer := range suspects() {
+			if !healed[peer] {
+				rejoin(peer)
+			}
 		}
 	case fenced && !j.wasFenced:
 		j.healed = nil
@@ -158,7 +242,16 @@ func (c *Core) noteFence(now time.Time) {
 		m := c.members.byPeer[peer]
 		return m != nil && m.state == Alive
 	}
-	if c.join.fence(now, c.members.fenced, c.self.Peer, alive) {
+	suspects := func() []string {
+		var out []string
+		for _, m := range c.members.order {
+			if m.state == Suspect && !m.evicted {
+				out = append(out, m.peer)
+			}
+		}
+		return out
+	}
+	if c.join.fence(now, c.members.fenced, c.self.Peer, alive, suspects) {
 		c.regate()
 	}
 }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -54,31 +55,42 @@ func TestJoinTimesOut(t *testing.T) {
 func TestJoinRejoinsWhenTheFenceLifts(t *testing.T) {
 	j := joinState{started: tIn, joined: true}
 	alive := func(p string) bool { return p != "gone" }
+	none := func() []string { return nil }
 	now := tIn.Add(time.Minute)
-	if j.fence(now, true, "me", alive) {
+	if j.fence(now, true, "me", alive, none) {
 		t.Fatal("fencing made the member rejoin")
 	}
 	j.heard("a")
 	j.heard("b")
 	j.heard("gone")
 	j.relayed("b")
-	if !j.fence(now, false, "me", alive) {
+	if !j.fence(now, false, "me", alive, none) {
 		t.Fatal("the fence lifted with a's relay missing and the member still serves")
 	}
 	if j.joined || !j.started.Equal(now) || !j.expecting["a"] || len(j.expecting) != 1 {
 		t.Errorf("after the fence lifted: joined %v, started %v, expecting %v; want joining since now, expecting a", j.joined, j.started, j.expecting)
 	}
-	if j.fence(now, false, "me", alive) {
+	if j.fence(now, false, "me", alive, none) {
 		t.Error("a second call without a fence rejoined again")
 	}
 	// Every member heard again has sent its relay: the fence lifts
 	// without a rejoin.
 	k := joinState{started: tIn, joined: true}
-	k.fence(now, true, "me", alive)
+	k.fence(now, true, "me", alive, none)
 	k.heard("a")
 	k.relayed("a")
-	if k.fence(now, false, "me", alive) || !k.joined {
+	if k.fence(now, false, "me", alive, none) || !k.joined {
 		t.Error("rejoined although every member heard again had sent its relay")
+	}
+	// A member still suspect when the fence lifts (its stream to us has
+	// not restarted yet) is expected too: its full state says whether it
+	// evicted us.
+	l := joinState{started: tIn, joined: true}
+	l.fence(now, true, "me", alive, none)
+	l.heard("a")
+	l.relayed("a")
+	if !l.fence(now, false, "me", alive, func() []string { return []string{"a", "s"} }) || l.joined || !l.expecting["s"] || len(l.expecting) != 1 {
+		t.Errorf("with s still suspect: joined %v, expecting %v; want rejoined, expecting s alone", l.joined, l.expecting)
 	}
 }
 
@@ -89,5 +101,44 @@ func TestJoinWantsOncePerPeer(t *testing.T) {
 	}
 	if !slices.Equal(j.wants, []string{"b", "a"}) {
 		t.Errorf("wants = %v, want [b a]", j.wants)
+	}
+}
+
+// TestJoinSuggestionsAreBounded checks the suggested peers a joining member
+// awaits: at most maxSuggestPerSender from one sender and maxSuggested in
+// all, each until it is heard, and none once joined; the join waits for
+// them after the relay has arrived.
+func TestJoinSuggestionsAreBounded(t *testing.T) {
+	j := joinState{started: tIn}
+	for i := range 2 * maxSuggestPerSender {
+		j.suggest("liar", fmt.Sprintf("p%d", i))
+	}
+	if len(j.suggested) != maxSuggestPerSender || j.perSender["liar"] != maxSuggestPerSender {
+		t.Fatalf("one sender left %d suggestions (%d counted); want %d", len(j.suggested), j.perSender["liar"], maxSuggestPerSender)
+	}
+	for s := range 2 * maxSuggested / maxSuggestPerSender {
+		for i := range maxSuggestPerSender {
+			j.suggest(fmt.Sprintf("s%d", s), fmt.Sprintf("s%d-%d", s, i))
+		}
+	}
+	if len(j.suggested) != maxSuggested {
+		t.Fatalf("%d suggestions in all, want the cap %d", len(j.suggested), maxSuggested)
+	}
+
+	k := joinState{started: tIn}
+	k.suggest("seed", "a")
+	k.suggest("seed", "b")
+	k.relayed("seed")
+	if k.joined {
+		t.Fatal("joined on the seed's relay with a and b unheard")
+	}
+	if k.heardFrom("a") || k.joined {
+		t.Fatal("joined with b unheard")
+	}
+	if !k.heardFrom("b") || !k.joined || k.suggested != nil || k.perSender != nil {
+		t.Fatalf("after hearing both: %+v; want joined, nothing kept", k)
+	}
+	if k.suggest("seed", "c") || k.suggested != nil {
+		t.Error("a joined member keeps suggestions")
 	}
 }

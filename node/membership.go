@@ -17,8 +17,12 @@ import (
 // policy. Under the strict one a silent member is reclaimed after
 // ReclaimAfter by a side that holds a strict majority, evicted after
 // EvictAfter by a side of exactly half, and a side without a majority
-// fences itself. Evictions are announced in our batches for evictMemory;
-// an evicted member that comes back takes a new incarnation. A newer
+// fences itself; a reclaim needs a majority that has held for
+// ReclaimAfter, so a healed minority reclaims nobody at once. Evictions
+// are announced in our batches for evictMemory (and while the evicted
+// incarnation is heard); an evicted member that comes back takes a new
+// incarnation once a strict majority announces it, and an announced
+// eviction of another member is adopted on the same condition. A newer
 // incarnation of a peer replaces the older at once.
 
 const evictMemory = time.Minute // how long our batches announce an eviction
@@ -39,7 +43,12 @@ type membership struct {
 	fenced bool
 	// fenceSeen is fenced as of the last fenceChange.
 	fenceSeen bool
-	evictions []eviction     // slots we evicted, announced for evictMemory
+	evictions []eviction // slots we evicted, announced for evictMemory
+	// announced holds, by slot, the members that announced it evicted
+	// and when they last did (noteEvicted): only our own slot and the
+	// current incarnations of members we count, forgotten after
+	// evictMemory.
+	announced map[crdt.Slot]map[string]time.Time
 	changes   []MemberChange // transitions since the last Ready
 	// quietUntil is when the next member can cross a silence threshold
 	// of updateMembers at the soonest, as of its last pass (zero: not
@@ -51,6 +60,11 @@ type membership struct {
 	// Core.Tick): no member's silence counts from before it towards a
 	// reclaim, an eviction or death.
 	wokeAt time.Time
+	// minorityAt is the last pass of updateMembers that found this
+	// member's side without a strict majority (fenced, or an exact half):
+	// no member's silence counts from before it towards a reclaim
+	// (reclaimSince).
+	minorityAt time.Time
 }
 
 type eviction struct {
@@ -135,7 +149,21 @@ func (ms *membership) fenceChange() *FenceChange {
 	return &FenceChange{Fenced: ms.fenced, Alive: ms.nAlive, Live: ms.n}
 }
 
-// forgetEvictions stops announcing evictions older than evictMemory.
+// reannounce keeps announcing our eviction of slot s, heard from at now:
+// a member evicted during a partition longer than evictMemory learns of
+// it when the partition heals.
+func (ms *membership) reannounce(s crdt.Slot, now time.Time) {
+	for i := range ms.evictions {
+		if ms.evictions[i].slot == s {
+			ms.evictions[i].at = now
+			return
+		}
+	}
+	ms.evictions = append(ms.evictions, eviction{slot: s, at: now})
+}
+
+// forgetEvictions stops announcing evictions older than evictMemory, and
+// forgets announcements as old.
 func (ms *membership) forgetEvictions(now time.Time) {
 	kept := ms.evictions[:0]
 	for _, e := range ms.evictions {
@@ -144,6 +172,16 @@ func (ms *membership) forgetEvictions(now time.Time) {
 		}
 	}
 	ms.evictions = kept
+	for s, by := range ms.announced {
+		for peer, at := range by {
+			if now.Sub(at) >= evictMemory {
+				delete(by, peer)
+			}
+		}
+		if len(by) == 0 {
+			delete(ms.announced, s)
+		}
+	}
 }
 
 // liveByRank returns the live members in rank order (sorted by peer ID),
@@ -218,49 +256,141 @@ func (c *Core) evict(now time.Time, m *member) {
 	c.members.evictions = append(c.members.evictions, eviction{slot: crdt.Slot{Peer: m.peer, Incarnation: m.inc}, at: now})
 }
 
-// noteEvicted acts on the evictions a batch announces: our own makes us
-// take a new incarnation; another member's, if we hold that incarnation,
-// is ours too.
-func (c *Core) noteEvicted(now time.Time, b *crdt.Batch) {
+// noteEvicted records the evictions a batch of by (its authenticated
+// author) announces and acts on those that enough members announce
+// (docs/design.md, "Partitions and crashes"): one member's word evicts
+// nobody and never makes us drop our leases, or a member could do so at
+// will.
+//
+// Our own current slot: we take a new incarnation once the members that
+// announce it are a strict majority of the others — the live members but
+// us, and the announcers we no longer count live (a member we evicted
+// ourselves, say across the same partition). A lone member of three
+// announcing it is not enough; two of two others are, and so is one of
+// one.
+//
+// Another member's current incarnation: we evict it too once its live
+// announcers are a strict majority of the live members, self included.
+// This member's own evidence needs no announcement: updateMembers
+// reclaims a silent member by itself, by the same rule as everyone.
+func (c *Core) noteEvicted(now time.Time, by *member, b *crdt.Batch) {
+	if len(b.Evicted) == 0 {
+		return
+	}
+	ms := &c.members
 	for _, s := range b.Evicted {
 		if s == c.self {
-			c.reincarnate(now)
+			ms.announce(s, by.peer, now)
+			if c.agreed(now, s, true) {
+				c.reincarnate(now)
+			}
 			continue
 		}
-		if m := c.members.byPeer[s.Peer]; m != nil && m.inc == s.Incarnation && !m.evicted {
+		m := ms.byPeer[s.Peer]
+		if m == nil || m.inc != s.Incarnation || m.evicted || m == by {
+			continue // not a member we count: nothing to agree on
+		}
+		ms.announce(s, by.peer, now)
+		if c.agreed(now, s, false) {
 			c.evict(now, m)
 		}
 	}
 }
 
-// learnMembers adds the members of a full state's member table that this
-// member does not know yet: alive and suspect ones count in N from now on
-// (a joiner must not take one member's view for the whole mesh); dead and
-// left ones are not members to learn of. Known members are left to their
-// own batches.
-func (c *Core) learnMembers(now time.Time, from string, es []crdt.MemberEntry) {
-	added := false
+// announce records that peer announced slot s evicted at now.
+func (ms *membership) announce(s crdt.Slot, peer string, now time.Time) {
+	if ms.announced == nil {
+		ms.announced = make(map[crdt.Slot]map[string]time.Time)
+	}
+	by := ms.announced[s]
+	if by == nil {
+		by = make(map[string]time.Time)
+		ms.announced[s] = by
+	}
+	by[peer] = now
+}
+
+// agreed reports whether enough members announced slot s evicted within
+// evictMemory of now (see noteEvicted); self says s is our own slot.
+func (c *Core) agreed(now time.Time, s crdt.Slot, self bool) bool {
+	ms := &c.members
+	k, others := 0, ms.n-1 // the live members but us
+	for peer, at := range ms.announced[s] {
+		m := ms.byPeer[peer]
+		if m == nil || now.Sub(at) >= evictMemory {
+			continue
+		}
+		live := m.live() && !m.evicted
+		switch {
+		case live:
+			k++
+		case self:
+			k++
+			others++
+		}
+	}
+	if self {
+		return 2*k > others
+	}
+	return 2*k > ms.n
+}
+
+// learnMembers takes a full state's member table as what it is, the
+// sender's word: the peers it lists alive or suspect that this member has
+// not heard are suggestions a joining member awaits (joinState.suggest),
+// and the transport dials them. They never count in N, and nothing of
+// them is kept once the member has joined: a member's existence,
+// incarnation and state come only from batches it signed, or from this
+// member's own observation (docs/design.md, "Trust model"). Before, every
+// listed member counted in N at once, and 10 full states listing 1024
+// invented members fenced their receiver for good.
+func (c *Core) learnMembers(from string, es []crdt.MemberEntry) {
+	if c.join.joined {
+		return
+	}
 	for _, e := range es {
 		if e.Peer == c.self.Peer || e.Peer == from || c.members.byPeer[e.Peer] != nil {
 			continue
 		}
-		var st State
-		heard := now
-		switch e.State {
-		case crdt.MemberAlive:
-			st = Alive
-		case crdt.MemberSuspect:
-			st, heard = Suspect, now.Add(-c.cfg.SuspectAfter)
-		default:
+		if e.State != crdt.MemberAlive && e.State != crdt.MemberSuspect {
 			continue
 		}
-		m := &member{peer: e.Peer, inc: e.Incarnation, state: st, lastHeard: heard, tag: crdt.PeerTag(e.Peer)}
-		m.slot = c.intern(crdt.Slot{Peer: e.Peer, Incarnation: e.Incarnation}, m)
-		c.members.add(m)
-		c.clock.repairOK = false // until we hear that it reads repair tags
-		added = true
+		if !c.join.suggest(from, e.Peer) {
+			return // the sender's budget, or the table, is full
+		}
 	}
-	if added {
+}
+
+// maxKnown is how many known peers (CoreConfig.Known) a member seeds its
+// table with: as many as a member table holds.
+const maxKnown = crdt.MaxMembers
+
+// seedKnown counts the peers this member saw as live members in an
+// earlier run as suspect members, silent since now, under incarnation 0
+// (their first batch replaces it at once): its own evidence, from before
+// the restart. A member restarted on the minority side of a partition
+// under strict hears only the minority, and without them would count the
+// minority alone as the mesh and decide with it; with them it fences
+// itself until it hears a majority of them. What it costs: a known peer
+// that is gone for good (removed while this member was down) counts until
+// a majority reclaims it (reclaim_after) — and a member that hears no
+// majority of the peers it knew stays fenced until an operator evicts
+// them (docs/design.md, "Restart without flags").
+func (c *Core) seedKnown(now time.Time, peers []string) {
+	added := 0
+	for _, p := range peers {
+		if added == maxKnown {
+			break
+		}
+		if p == c.self.Peer || p == "" || c.members.byPeer[p] != nil {
+			continue
+		}
+		m := &member{peer: p, state: Suspect, lastHeard: now, tag: crdt.PeerTag(p)}
+		m.slot = c.intern(crdt.Slot{Peer: p}, m)
+		c.members.add(m)
+		added++
+	}
+	if added > 0 {
 		c.recount()
 	}
 }
@@ -269,6 +399,9 @@ func (c *Core) learnMembers(now time.Time, from string, es []crdt.MemberEntry) {
 // or evicted, by the partition policy.
 func (c *Core) updateMembers(now time.Time) {
 	ms := &c.members
+	if c.cfg.Policy == Strict && !ms.majority() {
+		ms.minorityAt = now
+	}
 	if now.Before(ms.quietUntil) {
 		return // no member can have crossed a threshold yet
 	}
@@ -293,6 +426,10 @@ func (c *Core) updateMembers(now time.Time) {
 		}
 	}
 	reclaim := c.cfg.reclaimAfter()
+	// An exact half evicts every member silent past evict_after in one
+	// pass: the first eviction makes it a majority, but one that has not
+	// held for reclaim_after (reclaimSince).
+	half := ms.half()
 	for _, m := range ms.order {
 		if m.state == Left || m.state == Dead {
 			continue
@@ -300,9 +437,9 @@ func (c *Core) updateMembers(now time.Time) {
 		silent := now.Sub(m.lastHeard)
 		gone := now.Sub(ms.heardSince(m))
 		switch {
-		case c.cfg.Policy == Strict && gone >= reclaim && ms.majority():
+		case c.cfg.Policy == Strict && now.Sub(ms.reclaimSince(m)) >= reclaim && ms.majority():
 			c.reclaim(now, m)
-		case c.cfg.Policy == Strict && gone >= c.cfg.EvictAfter && ms.half():
+		case c.cfg.Policy == Strict && gone >= c.cfg.EvictAfter && (half || ms.half()):
 			c.evict(now, m)
 		case c.cfg.Policy == Available && gone >= c.cfg.DeadAfter:
 			c.setState(m, Dead)
@@ -324,6 +461,23 @@ func (ms *membership) heardSince(m *member) time.Time {
 		return ms.wokeAt
 	}
 	return m.lastHeard
+}
+
+// reclaimSince returns when m's silence began as far as a reclaim goes:
+// heardSince, or the last time this member's side held no strict
+// majority if that came later. A side that was fenced, or an exact half,
+// reconnects with the members of the other side one stream after another
+// when a partition heals; the first heard made a majority that reclaimed
+// the rest at once, silent since the partition began (a healed 2 | 3
+// split under strict evicted all five members within 60 ms, each taking
+// a new incarnation). A reclaim needs a strict majority that has held for
+// reclaim_after: time to reconnect with everyone still there.
+func (ms *membership) reclaimSince(m *member) time.Time {
+	since := ms.heardSince(m)
+	if ms.minorityAt.After(since) {
+		return ms.minorityAt
+	}
+	return since
 }
 
 // nextSilence returns when updateMembers can move a member on at the
@@ -348,7 +502,7 @@ func (c *Core) nextSilence() time.Time {
 		}
 		since := c.members.heardSince(m)
 		if c.cfg.Policy == Strict {
-			at(since, reclaim)
+			at(c.members.reclaimSince(m), reclaim)
 			at(since, c.cfg.EvictAfter)
 		} else {
 			at(since, c.cfg.DeadAfter)

@@ -244,11 +244,13 @@ func TestCoreLeaveIsImmediate(t *testing.T) {
 	}
 }
 
-// TestCoreManualEvict evicts a connected member by hand: it leaves N at once,
-// learns of its eviction from the evicter's next batch, takes a new
+// TestCoreManualEvict evicts a connected member by hand on two members of
+// three: it leaves their N at once, learns of its eviction from their next
+// batches — a strict majority of the others announce it — takes a new
 // incarnation (Ready.NewIncarnation, Self changes), drops its leases, and
 // is a member again. Its old window counts keep counting everywhere; its
-// old leases nowhere.
+// old leases nowhere. (One member's word alone is not enough:
+// TestCoreLoneEvictionAnnouncement.)
 func TestCoreManualEvict(t *testing.T) {
 	const seed = 13
 	reportSeed(t, seed)
@@ -290,13 +292,16 @@ func TestCoreManualEvict(t *testing.T) {
 	if got := total(t, net.Core(0), net.Local(0), "cc", "k"); got != 0 {
 		t.Errorf("member 0 right after Evict counts %d of n02's leases", got)
 	}
+	if err := net.Core(1).Evict(net.Local(1), "n02"); err != nil {
+		t.Fatal(err)
+	}
 	run(t, net, time.Millisecond, nil)
 	if ch := rec.of(0, "n02", at); len(ch) == 0 || ch[0].From != node.Alive || ch[0].To != node.Dead {
 		t.Errorf("member 0 reported %+v, want alive -> dead first", ch)
 	}
-	// Member 0 announces the eviction in its next batch (a heartbeat at
-	// the latest); an idle member 2 announces its new incarnation in its
-	// own next heartbeat.
+	// Members 0 and 1 announce the eviction in their next batches (a
+	// heartbeat at the latest); an idle member 2 announces its new
+	// incarnation in its own next heartbeat.
 	run(t, net, 1200*time.Millisecond, nil)
 
 	if len(rec.newInc[2]) != 1 {

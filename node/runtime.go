@@ -26,8 +26,9 @@ type Config struct {
 	// network, package memnet in one process. Required. The node owns it
 	// once started: Close closes it.
 	Transport Transport
-	// Store persists the incarnation, the long windows and the leases
-	// (package persistence on disk). Nil means a fresh MemoryStore. The
+	// Store persists the incarnation, the long windows, the leases and
+	// the members' addresses (package persistence on disk); the members
+	// saved seed the member table at Start (CoreConfig.Known). Nil means a fresh MemoryStore. The
 	// node owns it once started: Close closes it.
 	Store Store
 	// FlushInterval is how often the merged state of long windows and the
@@ -215,6 +216,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	cc := cfg.CoreConfig
 	cc.Incarnation = NextIncarnation(persisted, cfg.Clock())
+	known, err := cfg.Store.LoadPeers(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("node: load known peers: %w", err)
+	}
+	if len(known) > 0 && len(cc.Known) == 0 {
+		// The members this node saw in its last run: its own evidence
+		// (CoreConfig.Known).
+		for _, p := range known {
+			cc.Known = append(cc.Known, p.Peer)
+		}
+	}
 	core, err := NewCore(cc, cfg.Clock())
 	if err != nil {
 		return nil, err

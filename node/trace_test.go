@@ -40,6 +40,7 @@ import (
 //	expect P Q…            tell P that connections to Q… are up (Core.ExpectState)
 //	drop FROM TO [N]       drop the next N (default 1) gossip batches FROM → TO
 //	cut A B / recover      break the link A–B / heal every link (anti-entropy)
+//	heal A B               heal the link A–B alone (anti-entropy)
 //	round [D]              advance D (default 20 ms), tick every member, deliver
 //	                       what they sent; prints each member's Ready
 //	rounds N [D]           N rounds, printing only membership, join and fence
@@ -291,6 +292,22 @@ func (e *traceEnv) do(cmd string) (string, error) {
 			return "", err
 		}
 		e.net.Cut(a, b)
+	case "heal":
+		if len(args) != 2 {
+			return "", fmt.Errorf("want heal A B")
+		}
+		a, err := e.member(args[0])
+		if err != nil {
+			return "", err
+		}
+		b, err := e.member(args[1])
+		if err != nil {
+			return "", err
+		}
+		e.net.Heal(a, b)
+		if err := e.net.Drain(); err != nil {
+			return "", err
+		}
 	case "recover":
 		e.net.Recover()
 		if err := e.net.Drain(); err != nil {

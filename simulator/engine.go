@@ -174,6 +174,7 @@ type sim struct {
 	partStart int64
 	downStart []int64
 	shades    []Shade
+	reincs    []Reincarnation // every incarnation a node took on learning it was evicted
 	seconds   []SecondRow
 	nodeMs    uint64
 	totMsgs   uint64
@@ -823,6 +824,7 @@ func (s *sim) tick() error {
 		if rd.NewIncarnation != 0 {
 			s.dropStaleLeases(int(r), rd.NewIncarnation) // leases.go: the core dropped its old leases
 			n.inc = rd.NewIncarnation
+			s.reincs = append(s.reincs, Reincarnation{Node: int(r), AtS: float64(s.now) / 1000})
 		}
 		if err := s.expireNodeLeases(int(r)); err != nil { // leases.go
 			return err

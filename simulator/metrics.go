@@ -307,6 +307,7 @@ func (s *sim) result() *Result {
 	res.Clocks = s.clockRows()  // clocks.go
 	res.Summary = Summary{
 		Scenario: s.sc.Name, Seed: s.seed, Nodes: s.sc.Nodes, VirtualSeconds: virt,
+		Reincarnations: s.reincs,
 	}
 	var msgs, bytes float64
 	if nodeSec > 0 {

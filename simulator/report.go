@@ -21,6 +21,17 @@ type Summary struct {
 	VirtualSeconds float64       `json:"virtual_seconds"`
 	WallSeconds    float64       `json:"wall_seconds"`
 	Rules          []RuleSummary `json:"rules"`
+	// Reincarnations lists, in order, every new incarnation a node took
+	// because it learned it had been evicted (restarts are not listed);
+	// absent when none did.
+	Reincarnations []Reincarnation `json:"reincarnations,omitempty"`
+}
+
+// Reincarnation is one node taking a new incarnation on learning of its
+// eviction (node.Ready.NewIncarnation), at AtS virtual seconds.
+type Reincarnation struct {
+	Node int     `json:"node"`
+	AtS  float64 `json:"at_s"`
 }
 
 // RuleSummary is one rule's figures; see the package doc for definitions.
@@ -115,6 +126,13 @@ func (r *Result) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(s.Reincarnations) > 0 {
+		fmt.Fprintf(w, "reincarnations (node@s):")
+		for _, ri := range s.Reincarnations {
+			fmt.Fprintf(w, " %d@%g", ri.Node, ri.AtS)
+		}
+		fmt.Fprintln(w)
 	}
 	writeClasses(w, r.Classes)   // credits.go
 	writeLeases(w, r.Leases)     // leases.go

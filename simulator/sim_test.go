@@ -282,6 +282,29 @@ func TestLibraryScenarios(t *testing.T) {
 	}
 }
 
+// TestHealStrictNoCascade runs heal-strict: a 2 | 3 split under strict
+// healed after 31 s, the minority reconnecting with one majority member
+// 300 ms before the others. Only the minority members, which the majority
+// reclaimed, take new incarnations, one each; before, the minority
+// reclaimed the two majority members it had not heard yet and they
+// re-incarnated too.
+func TestHealStrictNoCascade(t *testing.T) {
+	res := runLibrary(t, "heal-strict", nil)
+	var nodes []int
+	for _, ri := range res.Summary.Reincarnations {
+		nodes = append(nodes, ri.Node)
+		if ri.AtS < 41 || ri.AtS > 42 {
+			t.Errorf("node %d re-incarnated at %v s; want within a second of the heal at 41 s", ri.Node, ri.AtS)
+		}
+	}
+	if fmt.Sprint(nodes) != "[0 1]" {
+		t.Errorf("re-incarnated nodes %v; want [0 1], the minority, once each", nodes)
+	}
+	if rs := res.Summary.Rules[0]; rs.OvershootMax > 0.02 {
+		t.Errorf("overshoot_max %v > 0.02", rs.OvershootMax)
+	}
+}
+
 // TestScale1000 runs the 1000-node scenario. It takes many minutes with
 // the current core (10 million Core.Step calls per virtual second), so it
 // runs only when RATEMESH_SIM_SCALE=1.

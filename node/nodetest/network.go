@@ -11,7 +11,7 @@
 //	net.Delay = 5 * time.Millisecond
 //	net.Run(time.Second, func(now time.Time) { net.Core(a).Allow(now, …) })
 //	net.Cut(a, b)
-//	net.Recover()
+//	net.Heal(a, b) // or every cut link: net.Recover()
 //
 // Batches travel as their CBOR encoding, decoded per receiver, so the test
 // network exercises the wire format too. It is deterministic for a seed.
@@ -274,6 +274,18 @@ func (n *Network) Partition(groups ...[]int) {
 			}
 		}
 	}
+}
+
+// Heal heals the link between a and b alone and runs anti-entropy between
+// them, as a connection that comes back while others are still down: the
+// streams of a healed partition restart one after another.
+func (n *Network) Heal(a, b int) {
+	if !n.cut[key(a, b)] {
+		return
+	}
+	delete(n.cut, key(a, b))
+	n.sendFull(a, b)
+	n.sendFull(b, a)
 }
 
 // Recover heals every cut link and runs anti-entropy between the members
