@@ -39,6 +39,7 @@ type spec struct {
 	// overrides JoinTimeout (default 5 s, so a failed join shows).
 	joinTimeout time.Duration
 	core        func(*node.CoreConfig)
+	store       node.Store // nil: none
 }
 
 // logger discards, or writes debug logs to stderr with MESH_TEST_LOG set.
@@ -96,6 +97,9 @@ func startMember(t testing.TB, s spec) member {
 	}
 	if s.core != nil {
 		s.core(&cfg.CoreConfig)
+	}
+	if s.store != nil {
+		cfg.Store = s.store
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -67,7 +67,17 @@ func (b *lockedBuffer) String() string {
 // startServe starts `ratemesh serve args...` and waits for its ready line.
 func startServe(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
+	return startServeIn(t, "", bin, args...)
+}
+
+// startServeIn is startServe inside the network namespace netns ("": this
+// one; see netlab).
+func startServeIn(t *testing.T, netns, bin string, args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
+	if netns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", netns, bin, "serve"}, args...)...)
+	}
 	errBuf := &lockedBuffer{}
 	cmd.Stderr = errBuf
 	stdout, err := cmd.StdoutPipe()
