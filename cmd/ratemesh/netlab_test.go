@@ -132,7 +132,7 @@ func (l *netlab) close() {
 // bridged address and the API on its own link.
 func (l *netlab) startIn(c *cluster, i int, extra ...string) *proc {
 	l.t.Helper()
-	args := append([]string{"--config", c.cfg, "--api", l.apiIP(i) + ":8080",
+	args := append([]string{"--config", c.cfg, "--api", l.apiIP(i) + ":8080", "--insecure-api",
 		"--listen", fmt.Sprintf("/ip4/%s/tcp/4001", l.meshIP(i)),
 		"--data-dir", fmt.Sprintf("%s/n%d", c.dir, i)}, extra...)
 	p := startServeIn(l.t, l.ns[i], c.bin, args...)
