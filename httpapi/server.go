@@ -748,7 +748,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for k, vs := range q {
-		if k != "rule" && k != "key" {
+		if k != "rule" && k != "key" && k != "window" {
 			s.fail(w, bad("%s: unknown query parameter", k))
 			return
 		}
@@ -773,6 +773,26 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.fail(w, err)
 		return
+	}
+	if q.Has("window") {
+		// A window the node still holds: the current one or the one
+		// before, whose counts are final once it has ended.
+		win, err := strconv.ParseInt(q.Get("window"), 10, 64)
+		switch {
+		case err != nil:
+			s.fail(w, bad("window: %q is not a window index", q.Get("window")))
+			return
+		case rep.WindowMs == 0:
+			s.fail(w, bad("window: rule %q has no windows", rule))
+			return
+		case win != rep.Window && win != rep.Window-1:
+			s.fail(w, bad("window: %d is neither the current window %d nor the one before", win, rep.Window))
+			return
+		}
+		if rep, err = s.cfg.Node.UsageOfWindow(rule, key, win); err != nil {
+			s.fail(w, err)
+			return
+		}
 	}
 	resp := UsageResponse{Rule: rep.Rule, Key: rep.Key, Window: rep.Window, WindowMs: rep.WindowMs, Total: rep.Total, Slots: make([]SlotJSON, 0, len(rep.Slots))}
 	for _, sl := range rep.Slots {

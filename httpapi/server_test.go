@@ -182,6 +182,26 @@ func TestAllowAndFriends(t *testing.T) {
 	if status != 200 || out["total"].(float64) != 3 || out["window_ms"].(float64) != 3600000 || len(out["slots"].([]any)) != 1 {
 		t.Fatalf("usage: %d %v", status, out)
 	}
+	// A named window: the current one, the one before (empty here), no other.
+	cur := int64(out["window"].(float64))
+	status, out = do(t, "GET", ts.URL+fmt.Sprintf("/v1/usage?rule=big&key=m&window=%d", cur), "")
+	if status != 200 || out["total"].(float64) != 3 || int64(out["window"].(float64)) != cur {
+		t.Fatalf("usage of the current window by index: %d %v", status, out)
+	}
+	status, out = do(t, "GET", ts.URL+fmt.Sprintf("/v1/usage?rule=big&key=m&window=%d", cur-1), "")
+	if status != 200 || out["total"].(float64) != 0 || int64(out["window"].(float64)) != cur-1 || len(out["slots"].([]any)) != 0 {
+		t.Fatalf("usage of the window before: %d %v", status, out)
+	}
+	for q, want := range map[string]string{
+		fmt.Sprintf("rule=big&key=m&window=%d", cur-2): "window: " + fmt.Sprint(cur-2) + " is neither the current window",
+		"rule=big&key=m&window=x":                      `window: "x" is not a window index`,
+		"rule=conc&key=m&window=1":                     `window: rule "conc" has no windows`,
+	} {
+		status, out = do(t, "GET", ts.URL+"/v1/usage?"+q, "")
+		if msg, _ := out["error"].(string); status != 400 || !strings.Contains(msg, want) {
+			t.Errorf("usage?%s: %d %v, want 400 %q", q, status, out, want)
+		}
+	}
 	// wait: exhausted for an hour, max_wait 10 ms: denied at once.
 	start := time.Now()
 	status, out = do(t, "POST", ts.URL+"/v1/wait", `{"rule":"api","key":"k","max_wait_ms":10}`)

@@ -250,6 +250,21 @@ type UsageReport struct {
 
 // Usage reports the merged usage of (rule, key) at now.
 func (c *Core) Usage(now time.Time, rule, key string) (UsageReport, error) {
+	return c.usage(now, rule, key, nil)
+}
+
+// UsageOfWindow reports the merged usage of (rule, key) in the rule's
+// window of index window rather than the current one: what this member
+// still holds of it (a window is collected two windows after it ends). For
+// a concurrency rule, which has no windows, it is Usage. Reading the
+// window before the current one gives each member's final count of it, so
+// a test or a harness can count what the mesh admitted in a window at the
+// servers.
+func (c *Core) UsageOfWindow(now time.Time, rule, key string, window int64) (UsageReport, error) {
+	return c.usage(now, rule, key, &window)
+}
+
+func (c *Core) usage(now time.Time, rule, key string, window *int64) (UsageReport, error) {
 	l, err := c.limiter(rule)
 	if err != nil {
 		return UsageReport{}, err
@@ -272,6 +287,9 @@ func (c *Core) Usage(now time.Time, rule, key string) (UsageReport, error) {
 	} else {
 		nowMs := c.MeshMs(now)
 		rep.Window = nowMs / rep.WindowMs
+		if window != nil {
+			rep.Window = *window
+		}
 		if s != nil {
 			if w := s.Window(rep.WindowMs, rep.Window); w != nil {
 				rep.Total = w.Admitted.Value()

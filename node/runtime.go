@@ -955,6 +955,17 @@ func (n *Node) Usage(rule, key string) (UsageReport, error) {
 	return n.core.Usage(n.readClock(), rule, key)
 }
 
+// UsageOfWindow reports what this member holds of (rule, key) in the
+// rule's window of index window (Core.UsageOfWindow).
+func (n *Node) UsageOfWindow(rule, key string, window int64) (UsageReport, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return UsageReport{}, ErrClosed
+	}
+	return n.core.UsageOfWindow(n.readClock(), rule, key, window)
+}
+
 // Peers returns every member this member knows, itself included, sorted
 // by peer ID; nil after Close.
 func (n *Node) Peers() []PeerInfo {
