@@ -42,6 +42,9 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 	if m.gater.isBlocked(p) {
 		return fmt.Errorf("%w: send to %s: blocked", ErrUnreachable, peerID)
 	}
+	if !m.allow.allowed(p) {
+		return fmt.Errorf("%w: send to %s: not on the allowlist", ErrNotMember, peerID)
+	}
 	frames := make([][]byte, 0, len(bs))
 	var total int
 	for i, b := range bs {
@@ -209,7 +212,7 @@ func (m *Mesh) learnAddrs(ms []crdt.MemberEntry) {
 			continue
 		}
 		p, err := peer.Decode(e.Peer)
-		if err != nil || p == m.self || m.gater.isBlocked(p) {
+		if err != nil || p == m.self || !m.gater.admits(p) {
 			continue
 		}
 		var addrs []ma.Multiaddr
