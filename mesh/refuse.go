@@ -132,13 +132,16 @@ type sizeStream struct {
 func (s *sizeStream) Read(p []byte) (int, error) {
 	n, err := s.Stream.Read(p)
 	if n > 0 && !s.done {
-		s.scan(p[:n])
+		if size, over := s.scan(p[:n]); over && s.over != nil {
+			s.over(s.Conn().RemotePeer(), size, int(s.max))
+		}
 	}
 	return n, err
 }
 
-// scan advances the frame parser over b.
-func (s *sizeStream) scan(b []byte) {
+// scan advances the frame parser over b and reports the length of an RPC
+// over the cap, after which it stops.
+func (s *sizeStream) scan(b []byte) (uint64, bool) {
 	for len(b) > 0 && !s.done {
 		if s.inBody {
 			k := min(uint64(len(b)), s.remain)
@@ -153,13 +156,13 @@ func (s *sizeStream) scan(b []byte) {
 		b = b[1:]
 		if s.shift >= 64 {
 			s.done = true // not a uvarint: gossipsub's reader fails too
-			return
+			return 0, false
 		}
 		s.hdr |= uint64(c&0x7f) << s.shift
 		s.shift += 7
 		if c&0x80 != 0 {
 			if s.shift/7 >= binary.MaxVarintLen64 {
-				s.done = true
+				s.done = true // too long a prefix: gossipsub's reader fails too
 			}
 			continue
 		}
@@ -167,11 +170,9 @@ func (s *sizeStream) scan(b []byte) {
 		s.hdr, s.shift = 0, 0
 		if size > s.max {
 			s.done = true
-			if s.over != nil {
-				s.over(s.Conn().RemotePeer(), size, int(s.max))
-			}
-			return
+			return size, true
 		}
 		s.remain, s.inBody = size, size > 0
 	}
+	return 0, false
 }
