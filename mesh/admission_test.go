@@ -2,8 +2,8 @@ package mesh
 
 import (
 	"context"
-	"encoding/binary"
 	crand "crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
