@@ -211,7 +211,7 @@ func TestAttachedAllowlist(t *testing.T) {
 	seq := uint64(0)
 	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		seq++
-		if err := raw.topic.Publish(ctx, encode(t, batch(rawID, seq, "at-cap", 100))); err != nil {
+		if err := raw.topic.Publish(context.Background(), encode(t, batch(rawID, seq, "at-cap", 100))); err != nil {
 			t.Fatal(err)
 		}
 		return ma.Stats().RejectedGossip[ReasonNotMember] > 0, "the outsider's batch is rejected as not_member"
@@ -222,7 +222,9 @@ func TestAttachedAllowlist(t *testing.T) {
 	if st := ma.Stats(); st.RefusedMessages[ReasonNotMember] != st.RejectedGossip[ReasonNotMember] {
 		t.Errorf("RefusedMessages[not_member] %d, RejectedGossip %d", st.RefusedMessages[ReasonNotMember], st.RejectedGossip[ReasonNotMember])
 	}
-	s, err := raw.h.NewStream(ctx, svc.h.ID(), ma.SyncProtocol())
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	s, err := raw.h.NewStream(sctx, svc.h.ID(), ma.SyncProtocol())
 	if err == nil {
 		_ = writeFrames(s, [][]byte{encode(t, batch(rawID, 0, "direct", 1))})
 		_ = s.CloseWrite()
@@ -243,7 +245,7 @@ func TestAttachedAllowlist(t *testing.T) {
 	}
 	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
 		seq++
-		if err := raw.topic.Publish(ctx, encode(t, batch(rawID, seq, "listed", 100))); err != nil {
+		if err := raw.topic.Publish(context.Background(), encode(t, batch(rawID, seq, "listed", 100))); err != nil {
 			t.Fatal(err)
 		}
 		return ra.has(rawID, "listed"), "a listed peer's batch is delivered"
