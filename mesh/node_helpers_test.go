@@ -39,6 +39,10 @@ type spec struct {
 	// overrides JoinTimeout (default 5 s, so a failed join shows).
 	joinTimeout time.Duration
 	core        func(*node.CoreConfig)
+	// key is the member's identity (a fresh one when nil); allow its
+	// allowlist (mesh.Config.AllowPeers; off when empty).
+	key   crypto.PrivKey
+	allow []string
 }
 
 // logger discards, or writes debug logs to stderr with MESH_TEST_LOG set.
@@ -53,11 +57,15 @@ func logger() *slog.Logger {
 // ends (node.Close closes it first; Close is idempotent).
 func newTransport(t testing.TB, s spec) *mesh.Mesh {
 	t.Helper()
-	key, _, err := crypto.GenerateEd25519Key(nil)
-	if err != nil {
-		t.Fatal(err)
+	key := s.key
+	if key == nil {
+		var err error
+		if key, _, err = crypto.GenerateEd25519Key(nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg := mesh.DefaultConfig()
+	cfg.AllowPeers = s.allow
 	cfg.Namespace = "nodetest"
 	cfg.PrivKey = key
 	cfg.PSK = s.psk
