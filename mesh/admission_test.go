@@ -409,3 +409,24 @@ func TestAllowlistConfig(t *testing.T) {
 		t.Errorf("SetAllowedPeers on a Mesh without an allowlist: %v", err)
 	}
 }
+
+// TestLogGate: one line per refusalLogEvery, saying how many refusals
+// went unlogged since the last one.
+func TestLogGate(t *testing.T) {
+	var g logGate
+	t0 := time.Unix(1_700_000_000, 0)
+	if ok, skipped := g.allow(t0); !ok || skipped != 0 {
+		t.Fatalf("first refusal: %v %d", ok, skipped)
+	}
+	for i := range 7 {
+		if ok, _ := g.allow(t0.Add(time.Duration(i) * time.Second / 2)); ok {
+			t.Fatalf("refusal %d logged within %v", i, refusalLogEvery)
+		}
+	}
+	if ok, skipped := g.allow(t0.Add(refusalLogEvery)); !ok || skipped != 7 {
+		t.Fatalf("after %v: %v, %d not logged, want 7", refusalLogEvery, ok, skipped)
+	}
+	if ok, skipped := g.allow(t0.Add(3 * refusalLogEvery)); !ok || skipped != 0 {
+		t.Fatalf("later: %v %d", ok, skipped)
+	}
+}
