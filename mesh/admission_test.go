@@ -186,7 +186,8 @@ func sorted(s ...string) []string { slices.Sort(s); return s }
 // rejects, as not_member, a batch the outsider signs for its own slot at
 // the plausibility bound, and its sync stream is reset and counted. Once
 // a run-time source lists the outsider, its next batch is delivered: the
-// refusal was the allowlist's, not the connection's.
+// refusal was the allowlist's, not the connection's. Removed again, it is
+// refused again while the service's connection stays.
 func TestAttachedAllowlist(t *testing.T) {
 	t.Parallel()
 	svc := newService(t)
@@ -250,6 +251,22 @@ func TestAttachedAllowlist(t *testing.T) {
 		}
 		return ra.has(rawID, "listed"), "a listed peer's batch is delivered"
 	})
+	// Removed again, it is refused again, though the service keeps its
+	// connection.
+	if err := ma.SetAllowedPeers("dns", nil); err != nil {
+		t.Fatal(err)
+	}
+	before := ma.Stats().RejectedGossip[ReasonNotMember]
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		seq++
+		if err := raw.topic.Publish(context.Background(), encode(t, batch(rawID, seq, "removed", 100))); err != nil {
+			t.Fatal(err)
+		}
+		return ma.Stats().RejectedGossip[ReasonNotMember] > before, "the removed peer's batch is rejected"
+	})
+	if ra.has(rawID, "removed") || !connected2(svc.h, raw.h) {
+		t.Error("the removed peer's batch was delivered, or the service's connection was cut")
+	}
 	if err := ma.SetAllowedPeers("dns", []string{"nonsense"}); err == nil || !strings.Contains(err.Error(), "nonsense") {
 		t.Errorf("a bad peer ID: %v", err)
 	}
