@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/internal/testutil"
 )
 
@@ -445,5 +446,43 @@ func TestLogGate(t *testing.T) {
 	}
 	if ok, skipped := g.allow(t0.Add(3 * refusalLogEvery)); !ok || skipped != 0 {
 		t.Fatalf("later: %v %d", ok, skipped)
+	}
+}
+
+// TestAllowlistRelayedNonMember: a listed member's full state that relays
+// a peer the receiver's allowlist refuses (in its slots or its member
+// table) is dropped as not_member, and the rest of the stream is read.
+func TestAllowlistRelayedNonMember(t *testing.T) {
+	t.Parallel()
+	cfgB := testConfig(t)
+	idB, _ := peer.IDFromPrivateKey(cfgB.PrivKey)
+	cfgA := testConfig(t)
+	cfgA.AllowPeers = []string{idB.String()}
+	a, ra := startMesh(t, cfgA)
+	b, _ := startMesh(t, cfgB)
+	outsider, _ := peer.IDFromPrivateKey(newKey(t))
+
+	relayed := batch(b.PeerID(), 0, "relayed", 1)
+	relayed.Flags = crdt.FlagFull
+	relayed.Slots = []crdt.Slot{{Peer: outsider.String(), Incarnation: 1}}
+	relayed.Windows[0].Slot = 1
+	table := batch(b.PeerID(), 0, "table", 1)
+	table.Flags = crdt.FlagFull
+	table.Members = []crdt.MemberEntry{{Peer: outsider.String(), Incarnation: 1, State: crdt.MemberAlive}}
+	own := batch(b.PeerID(), 0, "own", 1)
+	own.Flags = crdt.FlagFull | crdt.FlagLast
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := b.Connect(ctx, tcpAddr(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SendDirect(ctx, a.PeerID(), []*crdt.Batch{relayed, table, own}); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Stats().RejectedDirect[ReasonNotMember]; got != 2 {
+		t.Errorf("RejectedDirect[not_member] = %d, want 2", got)
+	}
+	if ra.has(b.PeerID(), "relayed") || ra.has(b.PeerID(), "table") || !ra.has(b.PeerID(), "own") {
+		t.Error("a relay of a non-member delivered, or the batch after it lost")
 	}
 }

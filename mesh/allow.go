@@ -258,6 +258,12 @@ func (m *Mesh) setAllowed(source string, ids []peer.ID) {
 	}
 	for _, p := range added {
 		m.signal(p, true) // a bootstrap peer's redial loop waits for this
+		if !m.owned && m.h.Network().Connectedness(p) == network.Connected {
+			// The service kept the connection: announce the peer now.
+			if ok, _ := m.h.Peerstore().SupportsProtocols(p, m.syncProto); len(ok) > 0 {
+				m.push(connEvent{kind: evProtocols, p: p, protos: ok})
+			}
+		}
 	}
 }
 

@@ -114,6 +114,23 @@ func (r ConnReason) String() string {
 	return fmt.Sprintf("conn_reason(%d)", int(r))
 }
 
+// relaysNonMember returns the first peer other than b's author that a
+// full state relays — in its Slots or its member table — and allowed
+// refuses. It is pure.
+func relaysNonMember(b *crdt.Batch, allowed func(peerID string) bool) (string, bool) {
+	for i := range b.Slots {
+		if p := b.Slots[i].Peer; !allowed(p) {
+			return p, true
+		}
+	}
+	for i := range b.Members {
+		if p := b.Members[i].Peer; !allowed(p) {
+			return p, true
+		}
+	}
+	return "", false
+}
+
 // checkBatch decides whether b, authenticated as sent by author (a peer ID
 // in text form), may be merged: From must be the author and no value may
 // exceed plausible. Unless relay is set, every entry must be From's own
