@@ -4,6 +4,9 @@ import (
 	"context"
 	crand "crypto/rand"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/httpapi"
 	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
@@ -154,6 +158,24 @@ func TestNodesAllowlistWithPSK(t *testing.T) {
 		}
 		if c := x.m.Peers(); len(c) != len(ms)-1 {
 			t.Errorf("member %d is connected to %v", i, c)
+		}
+	}
+	// The refusals are in member 0's Prometheus exposition, every reason
+	// of both metrics present.
+	api, err := httpapi.New(httpapi.Config{Node: ms[0].n, Transport: ms[0].m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	api.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	want := fmt.Sprintf("ratemesh_connections_refused_total{reason=\"not_member\"} %d", ms[0].m.Stats().RefusedConns[mesh.ConnNotMember])
+	if !strings.Contains(body, want) {
+		t.Errorf("/metrics lacks %q", want)
+	}
+	for r := mesh.Reason(0); r < mesh.NumReasons; r++ {
+		if l := fmt.Sprintf("ratemesh_messages_refused_total{reason=%q}", r.String()); !strings.Contains(body, l) {
+			t.Errorf("/metrics lacks %s", l)
 		}
 	}
 }
