@@ -486,3 +486,29 @@ func TestAllowlistRelayedNonMember(t *testing.T) {
 		t.Error("a relay of a non-member delivered, or the batch after it lost")
 	}
 }
+
+// TestCountRefusal: the node core's reserved reasons reach
+// RefusedMessages through the hook, by label; an unknown label counts
+// nothing.
+func TestCountRefusal(t *testing.T) {
+	t.Parallel()
+	m := newMesh(t, testConfig(t))
+	if err := m.CountRefusal("lowering_relay", 3); err != nil {
+		t.Fatal(err)
+	}
+	m.AddRefused(ReasonTableBudget, 2)
+	if err := m.CountRefusal("nonsense", 1); err == nil {
+		t.Error("an unknown label was accepted")
+	}
+	got := m.Stats().RefusedMessages
+	want := [NumReasons]uint64{}
+	want[ReasonLoweringRelay], want[ReasonTableBudget] = 3, 2
+	if got != want {
+		t.Errorf("RefusedMessages %v, want %v", got, want)
+	}
+	for r := range NumReasons {
+		if p, ok := ParseReason(r.String()); !ok || p != r {
+			t.Errorf("ParseReason(%q) = %v, %v", r.String(), p, ok)
+		}
+	}
+}

@@ -44,7 +44,8 @@ const (
 	ReasonBadSignature
 	// ReasonLoweringRelay is reserved for the node core: a relayed value
 	// lower than one already merged. The mesh never uses it itself; the
-	// runtime reports such refusals with AddRefused.
+	// runtime reports such refusals with AddRefused (or CountRefusal,
+	// by label).
 	ReasonLoweringRelay
 	// ReasonTableBudget is reserved for the node core: an entry dropped
 	// because the receiver's table is at its budget. Reported with

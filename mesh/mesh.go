@@ -727,6 +727,20 @@ func (m *Mesh) AddRefused(r Reason, n uint64) {
 	m.logRefusal(r, "refused by the node", "count", n)
 }
 
+// CountRefusal is AddRefused by the reason's label ("lowering_relay",
+// "table_budget", …), for a caller that cannot import this package: the
+// node runtime, whose Transport this is, finds it with a type assertion
+// on interface{ CountRefusal(string, uint64) error }. An unknown label is
+// an error and counts nothing.
+func (m *Mesh) CountRefusal(reason string, n uint64) error {
+	r, ok := ParseReason(reason)
+	if !ok {
+		return fmt.Errorf("mesh: CountRefusal: unknown reason %q", reason)
+	}
+	m.AddRefused(r, n)
+	return nil
+}
+
 // MeshPeers returns the peers in this member's gossipsub topic mesh (the
 // ones it forwards to), in text form; a freshly connected peer joins it
 // at the next heartbeat. An attached Mesh cannot trace the service's
