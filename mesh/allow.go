@@ -146,10 +146,26 @@ func ParseAllowList(r io.Reader) ([]peer.ID, error) {
 // LoadAllowList reads and parses the allowlist file at path (see
 // ParseAllowList); the error names the path.
 func LoadAllowList(path string) ([]peer.ID, error) {
+	_, ids, err := loadAllowFile(path)
+	return ids, err
+}
+
+// loadAllowFile reads and parses the allowlist file at path, and returns
+// its content too.
+func loadAllowFile(path string) ([]byte, []peer.ID, error) {
 	data, err := readAllowFile(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	ids, err := parseAllowFile(path, data)
+	if err != nil {
+		return nil, nil, err
+	}
+	return data, ids, nil
+}
+
+// parseAllowFile parses data, read from path; the error names the path.
+func parseAllowFile(path string, data []byte) ([]peer.ID, error) {
 	ids, err := ParseAllowList(bytes.NewReader(data))
 	if err != nil {
 		return nil, fmt.Errorf("mesh: allowlist %s: %w", path, err)
@@ -291,10 +307,7 @@ func (m *Mesh) watchAllowFile(last []byte) {
 		}
 		var ids []peer.ID
 		if err == nil {
-			ids, err = ParseAllowList(bytes.NewReader(data))
-			if err != nil {
-				err = fmt.Errorf("mesh: allowlist %s: %w", path, err)
-			}
+			ids, err = parseAllowFile(path, data)
 		}
 		if err != nil {
 			if err.Error() != lastErr {

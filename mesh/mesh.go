@@ -1,7 +1,6 @@
 package mesh
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -214,13 +213,9 @@ func (m *Mesh) startAllowlist() error {
 	}
 	m.allow.replace(allowSourceConfig, ids)
 	if m.cfg.AllowPeersFile != "" {
-		data, err := readAllowFile(m.cfg.AllowPeersFile)
+		data, ids, err := loadAllowFile(m.cfg.AllowPeersFile)
 		if err != nil {
 			return fmt.Errorf("mesh: config AllowPeersFile: %w", err)
-		}
-		ids, err := ParseAllowList(bytes.NewReader(data))
-		if err != nil {
-			return fmt.Errorf("mesh: config AllowPeersFile: allowlist %s: %w", m.cfg.AllowPeersFile, err)
 		}
 		m.allow.replace(allowSourceFile, ids)
 		m.wg.Add(1)
