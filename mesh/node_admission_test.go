@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
-	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -71,23 +69,7 @@ func TestNodesAllowlistKeepsOutsiderOut(t *testing.T) {
 		t.Fatal("no plausibility bound for api")
 	}
 
-	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(), libp2p.DisableMetrics())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); h.Close() })
-	ps, err := pubsub.NewGossipSub(ctx, h, pubsub.WithFloodPublish(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	topic, err := ps.Join(a.m.Topic())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := topic.Subscribe(); err != nil {
-		t.Fatal(err)
-	}
+	ctx, h, topic := rawGossip(t, a.m.Topic())
 	outsider := crdt.Slot{Peer: h.ID().String(), Incarnation: uint64(clock().UnixMilli())}
 	before := a.m.Stats().RefusedConns[mesh.ConnNotMember]
 	seq := uint64(0)
