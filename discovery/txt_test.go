@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/miekg/dns"
 
 	"github.com/ratemesh/ratemesh/discovery"
 	"github.com/ratemesh/ratemesh/internal/testutil"
@@ -21,7 +19,7 @@ import (
 	"github.com/ratemesh/ratemesh/node"
 )
 
-// fakeTXT answers LookupTXT from a map; a name mapped to nil fails.
+// fakeTXT answers LookupTXT from a map, or fails a name in fail.
 type fakeTXT struct {
 	mu      sync.Mutex
 	records map[string][]string
@@ -145,49 +143,6 @@ func TestNewTXT(t *testing.T) {
 	}
 }
 
-// txtServer serves TXT records for one name over UDP on 127.0.0.1.
-type txtServer struct {
-	addr string
-	mu   sync.Mutex
-	recs []string
-}
-
-func startTXT(t *testing.T, name string, recs ...string) *txtServer {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &txtServer{addr: pc.LocalAddr().String(), recs: recs}
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		s.mu.Lock()
-		recs := slices.Clone(s.recs)
-		s.mu.Unlock()
-		for _, q := range r.Question {
-			if q.Qtype == dns.TypeTXT && strings.EqualFold(q.Name, dns.Fqdn(name)) {
-				for _, rec := range recs {
-					m.Answer = append(m.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 1}, Txt: []string{rec}})
-				}
-			}
-		}
-		_ = w.WriteMsg(m)
-	})}
-	go func() { _ = srv.ActivateAndServe() }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return s
-}
-
-func (s *txtServer) set(recs ...string) { s.mu.Lock(); s.recs = recs; s.mu.Unlock() }
-
-func (s *txtServer) resolver() *net.Resolver {
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "udp", s.addr)
-	}}
-}
-
 // nopHandler drops what the mesh delivers.
 type nopHandler struct{}
 
@@ -216,13 +171,14 @@ func txtMesh(t *testing.T, external bool) *mesh.Mesh {
 	return m
 }
 
-// TestTXTAllowlistMesh: DNS TXT records served by a real DNS server
+// TestTXTAllowlistMesh: DNS TXT records served by a DNS server on UDP
 // decide who may connect to a member whose allowlist comes from them.
 // Until the records list a peer, its dials are refused; once listed it
 // connects; once unlisted it is disconnected and refused again.
 func TestTXTAllowlistMesh(t *testing.T) {
 	a, b := txtMesh(t, true), txtMesh(t, false)
-	srv := startTXT(t, "members.test", "unrelated")
+	srv := startDNS(t, "members.test")
+	srv.setTXT("unrelated")
 	d, err := discovery.NewTXT(discovery.TXTConfig{
 		Names: []string{"members.test"}, Resolver: srv.resolver(),
 		Set: func(ids []string) error { return a.SetAllowedPeers("dns", ids) },
@@ -244,7 +200,7 @@ func TestTXTAllowlistMesh(t *testing.T) {
 		})
 	}
 	refusedOnce()
-	srv.set("ratemesh-peer=" + b.PeerID())
+	srv.setTXT("ratemesh-peer=" + b.PeerID())
 	if err := d.Round(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +208,7 @@ func TestTXTAllowlistMesh(t *testing.T) {
 		_ = b.Connect(ctx, addr)
 		return slices.Contains(a.Peers(), b.PeerID()), "the listed peer connects"
 	})
-	srv.set("unrelated")
+	srv.setTXT("unrelated")
 	if err := d.Round(ctx); err != nil {
 		t.Fatal(err)
 	}
