@@ -82,7 +82,11 @@ func TestServeAllowlistFile(t *testing.T) {
 	if err := os.WriteFile(allow, []byte("# members of the test mesh\n"+idB.String()+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 40*time.Second, func() (bool, string) {
+	// B redials A with a backoff that doubles from 250 ms after every
+	// refused connection (up to 30 s): on a loaded machine its next try
+	// may come half a minute later (26–30 s measured with both cores
+	// busy).
+	testutil.Eventually(t, 90*time.Second, func() (bool, string) {
 		sa, sb := a.states(t)[idB.String()], b.states(t)[a.ready.PeerID]
 		return sa == "alive" && sb == "alive", "A sees B " + sa + ", B sees A " + sb
 	})
