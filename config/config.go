@@ -36,6 +36,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
@@ -98,6 +100,15 @@ type Node struct {
 	MDNS bool
 	// PSKFile is a swarm.key: only holders of the same key can connect.
 	PSKFile string
+	// AllowPeers, AllowPeersFile and AllowPeersDNS are the allowlist of
+	// member peer IDs: when any is set, only the peers they name (and
+	// this node) may connect and be members. AllowPeers lists peer IDs;
+	// AllowPeersFile names a file of peer IDs, one a line, '#' comments,
+	// re-read when it changes; AllowPeersDNS names DNS names whose TXT
+	// records "ratemesh-peer=<peer ID>" list members, re-read every 10 s.
+	AllowPeers     []string
+	AllowPeersFile string
+	AllowPeersDNS  []string
 	// JoinTimeout bounds how long a joining node waits for its first
 	// anti-entropy exchange before serving with what it has.
 	JoinTimeout time.Duration
@@ -452,6 +463,16 @@ func (n *Node) validate() []error {
 			}
 		}
 	}
+	for i, id := range n.AllowPeers {
+		if _, err := peer.Decode(id); err != nil {
+			bad(fmt.Sprintf("node.allow_peers[%d]", i), "%q is not a peer ID (12D3KooW…)", id)
+		}
+	}
+	for i, name := range n.AllowPeersDNS {
+		if strings.TrimSpace(name) == "" || strings.ContainsAny(name, " \t/:") {
+			bad(fmt.Sprintf("node.allow_peers_dns[%d]", i), "%q is not a DNS name (its TXT records list ratemesh-peer=<peer ID>)", name)
+		}
+	}
 	if n.GRPC != "" {
 		if _, port, err := net.SplitHostPort(n.GRPC); err != nil || port == "" {
 			bad("node.grpc", "%q is not host:port (port 0 picks one)", n.GRPC)
@@ -585,6 +606,8 @@ func ChangedSettings(running *Config, data []byte) []string {
 		{"node.grpc", a.Node.GRPC, b.Node.GRPC},
 		{"node.data_dir", a.Node.DataDir, b.Node.DataDir}, {"node.bootstrap", a.Node.Bootstrap, b.Node.Bootstrap},
 		{"node.mdns", a.Node.MDNS, b.Node.MDNS}, {"node.psk_file", a.Node.PSKFile, b.Node.PSKFile},
+		{"node.allow_peers", a.Node.AllowPeers, b.Node.AllowPeers}, {"node.allow_peers_file", a.Node.AllowPeersFile, b.Node.AllowPeersFile},
+		{"node.allow_peers_dns", a.Node.AllowPeersDNS, b.Node.AllowPeersDNS},
 		{"node.join_timeout", a.Node.JoinTimeout, b.Node.JoinTimeout}, {"node.flush_interval", a.Node.FlushInterval, b.Node.FlushInterval},
 		{"node.persist_min_window", a.Node.PersistMinWindow, b.Node.PersistMinWindow},
 		{"mesh.namespace", a.Mesh.Namespace, b.Mesh.Namespace}, {"mesh.sync_interval", a.Mesh.SyncInterval, b.Mesh.SyncInterval},

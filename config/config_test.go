@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -124,6 +125,29 @@ func TestHTTPSection(t *testing.T) {
 	}
 }
 
+// TestAllowPeers: the allowlist keys of the node section, and that a
+// change is reported as needing a restart.
+func TestAllowPeers(t *testing.T) {
+	const id = "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
+	src := "node:\n  allow_peers: [" + id + "]\n  allow_peers_file: /etc/ratemesh/members\n  allow_peers_dns: [ratemesh.default.svc]\n"
+	cfg, err := config.Parse([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := cfg.Node
+	if len(n.AllowPeers) != 1 || n.AllowPeers[0] != id || n.AllowPeersFile != "/etc/ratemesh/members" || len(n.AllowPeersDNS) != 1 || n.AllowPeersDNS[0] != "ratemesh.default.svc" {
+		t.Fatalf("parsed %+v", n)
+	}
+	if d := config.Default().Node; d.AllowPeers != nil || d.AllowPeersFile != "" || d.AllowPeersDNS != nil {
+		t.Fatalf("the allowlist is on by default: %+v", d)
+	}
+	running := config.Default()
+	got := config.ChangedSettings(&running, []byte(src))
+	if !slices.Equal(got, []string{"node.allow_peers", "node.allow_peers_file", "node.allow_peers_dns"}) {
+		t.Errorf("ChangedSettings = %v", got)
+	}
+}
+
 func TestBadFiles(t *testing.T) {
 	rule := func(extra string) string {
 		return "rules:\n  - name: a\n    algorithm: fixed_window\n    limit: 10\n    window: 1s\n  - name: publish\n    algorithm: sliding_window\n    limit: 10\n    window: 1s\n" + extra
@@ -180,6 +204,10 @@ func TestBadFiles(t *testing.T) {
 		{"http zero conns", "node: {http: {max_conns: 0}}\n", "node.http.max_conns: 0, must be within 1 and 1048576"},
 		{"http conns word", "node: {http: {max_conns: many}}\n", "node.http.max_conns: line 1: must be a whole number"},
 		{"http negative conns", "node: {http: {max_conns: -1}}\n", "node.http.max_conns: line 1: must not be negative"},
+		{"allow_peers bad ID", "node: {allow_peers: [not-a-peer]}\n", `node.allow_peers[0]: "not-a-peer" is not a peer ID`},
+		{"allow_peers not a list", "node: {allow_peers: 12D3KooWnope}\n", "node.allow_peers: line 1: must be a list of strings"},
+		{"allow_peers_dns bad name", "node: {allow_peers_dns: [\"ratemesh:8080\"]}\n", `node.allow_peers_dns[0]: "ratemesh:8080" is not a DNS name`},
+		{"allow_peers_file not a string", "node: {allow_peers_file: [a]}\n", "node.allow_peers_file: line 1: must be"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

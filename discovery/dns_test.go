@@ -21,12 +21,13 @@ import (
 	"github.com/ratemesh/ratemesh/node"
 )
 
-// fakeDNS serves A records for name over UDP on 127.0.0.1, and counts the
-// queries.
+// fakeDNS serves A records (and TXT records, setTXT) for name over UDP
+// on 127.0.0.1, and counts the queries.
 type fakeDNS struct {
 	addr    string
 	mu      sync.Mutex
 	ips     []string
+	txt     []string
 	queries int
 }
 
@@ -43,11 +44,17 @@ func startDNS(t *testing.T, name string, ips ...string) *fakeDNS {
 		f.mu.Lock()
 		f.queries++
 		ips := append([]string(nil), f.ips...)
+		txt := append([]string(nil), f.txt...)
 		f.mu.Unlock()
 		for _, q := range r.Question {
 			if q.Qtype == dns.TypeA && strings.EqualFold(q.Name, dns.Fqdn(name)) {
 				for _, ip := range ips {
 					m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 1}, A: net.ParseIP(ip)})
+				}
+			}
+			if q.Qtype == dns.TypeTXT && strings.EqualFold(q.Name, dns.Fqdn(name)) {
+				for _, rec := range txt {
+					m.Answer = append(m.Answer, &dns.TXT{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeTXT, Class: dns.ClassINET, Ttl: 1}, Txt: []string{rec}})
 				}
 			}
 		}
@@ -62,6 +69,8 @@ func startDNS(t *testing.T, name string, ips ...string) *fakeDNS {
 }
 
 func (f *fakeDNS) set(ips ...string) { f.mu.Lock(); f.ips = ips; f.mu.Unlock() }
+
+func (f *fakeDNS) setTXT(recs ...string) { f.mu.Lock(); f.txt = recs; f.mu.Unlock() }
 
 // resolver asks only f.
 func (f *fakeDNS) resolver() *net.Resolver {

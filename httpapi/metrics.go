@@ -77,6 +77,8 @@ var (
 	descWire     = prometheus.NewDesc("ratemesh_mesh_wire_bytes_total", "Bytes carried by libp2p streams, by direction (in, out).", []string{"direction"}, nil)
 	descRejected = prometheus.NewDesc("ratemesh_mesh_rejected_total", "Received batches refused by the validator, by channel and reason.", []string{"channel", "reason"}, nil)
 	descDropped  = prometheus.NewDesc("ratemesh_mesh_dropped_total", "Messages dropped inside gossipsub at a full queue, by queue.", []string{"queue"}, nil)
+	descRefused  = prometheus.NewDesc("ratemesh_messages_refused_total", "Received messages refused, on any channel, by reason (docs/operations.md).", []string{"reason"}, nil)
+	descConnsRef = prometheus.NewDesc("ratemesh_connections_refused_total", "Connections the connection gater refused, by reason: blocked, not_member.", []string{"reason"}, nil)
 	descPersist  = prometheus.NewDesc("ratemesh_persistence_errors_total", "Errors from the persistent store.", nil, nil)
 	descHeld     = prometheus.NewDesc("ratemesh_share_holds_total", "Requests held for their share (share_wait) and answered, by result: admitted or denied.", []string{"result"}, nil)
 	descForwards = prometheus.NewDesc("ratemesh_forwards_total", "Requests sent to another member: leases renewed or released at their owner, lottery losers' requests.", nil, nil)
@@ -91,7 +93,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	if c.cfg.Transport != nil {
-		for _, d := range []*prometheus.Desc{descBytes, descMsgs, descWire, descRejected, descDropped} {
+		for _, d := range []*prometheus.Desc{descBytes, descMsgs, descWire, descRejected, descDropped, descRefused, descConnsRef} {
 			ch <- d
 		}
 	}
@@ -163,9 +165,14 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descRejected, ms.RejectedGossip[r], "gossip", r.String())
 			counter(descRejected, ms.RejectedDirect[r], "sync", r.String())
 		}
-		counter(descRejected, ms.BadSignature, "gossip", "bad_signature")
 		counter(descDropped, ms.DroppedOutbound, "outbound")
 		counter(descDropped, ms.DroppedValidation, "validation")
 		counter(descDropped, ms.DroppedSubscriber, "subscriber")
+		for r := mesh.Reason(0); r < mesh.NumReasons; r++ {
+			counter(descRefused, ms.RefusedMessages[r], r.String())
+		}
+		for r := mesh.ConnReason(0); r < mesh.NumConnReasons; r++ {
+			counter(descConnsRef, ms.RefusedConns[r], r.String())
+		}
 	}
 }

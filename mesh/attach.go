@@ -72,6 +72,11 @@ func Attach(h host.Host, ps *pubsub.PubSub, cfg Config) (*Mesh, error) {
 		m.cancel()
 		return nil, err
 	}
+	if err := m.startAllowlist(); err != nil {
+		_ = m.detach(nil)
+		m.cancel()
+		return nil, err
+	}
 	m.log.Info("attached to the service's host", "peer_id", m.selfStr, "topic", m.topicName)
 	return m, nil
 }
@@ -231,7 +236,20 @@ func (m *Mesh) serveStream(f func(network.Stream)) network.StreamHandler {
 			m.mu.Unlock()
 			m.wg.Done()
 		}()
-		if m.gater.isBlocked(s.Conn().RemotePeer()) {
+		remote := s.Conn().RemotePeer()
+		if m.gater.isBlocked(remote) {
+			_ = s.Reset()
+			return
+		}
+		if !m.allow.allowed(remote) {
+			// Reached only on an attached Mesh (the gater of New refuses
+			// the connection), or in the moment a peer leaves the list.
+			if s.Protocol() == m.syncProto {
+				m.reject(true, ReasonNotMember, remote, fmt.Errorf("sync stream from a peer not on the allowlist"))
+			} else {
+				m.st.rejectedForward[ReasonNotMember].Add(1)
+				m.logRefusal(ReasonNotMember, "refused a forward stream", "peer", remote.String())
+			}
 			_ = s.Reset()
 			return
 		}

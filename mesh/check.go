@@ -6,13 +6,20 @@ import (
 	"github.com/ratemesh/ratemesh/crdt"
 )
 
-// Reason says why a received batch was refused.
+// Reason says why a received message was refused: a gossip message, a
+// batch on the sync stream, a request on the forward stream. Every refusal
+// is counted by its Reason (Stats.RefusedMessages; the metric
+// ratemesh_messages_refused_total{reason}) and logged at most once per
+// reason every refusalLogEvery, with the count of those not logged.
 type Reason int
 
-// Reasons a received batch is refused. The validator answers Reject (the
-// sender is penalised and the message not forwarded) for every one.
+// Reasons a received message is refused. The validator answers Reject
+// (the sender is penalised and the message not forwarded) for every one.
 const (
-	// ReasonOversize: the encoded batch exceeds MaxMessageBytes.
+	// ReasonOversize: the encoded batch exceeds MaxMessageBytes, or a
+	// gossipsub RPC exceeds the router's message cap (MaxMessageBytes +
+	// 64 KiB; gossipsub resets the stream, see sizeHost), or a sync
+	// stream carries more than MaxSyncBatches batches.
 	ReasonOversize Reason = iota
 	// ReasonMalformed: the strict decoder refused it.
 	ReasonMalformed
@@ -26,6 +33,24 @@ const (
 	// ReasonImplausible: a value exceeds any possible admission
 	// (Config.Plausible).
 	ReasonImplausible
+	// ReasonNotMember: the message's signed author, or the stream's
+	// remote peer, is not on the allowlist (Config.AllowPeers and its
+	// companions).
+	ReasonNotMember
+	// ReasonBadSignature: a gossip message without a signature, or whose
+	// signature gossipsub could not verify (pubsub's own refusal, seen by
+	// the tracer of a Mesh built by New), or one claiming to be from this
+	// member though another peer sent it.
+	ReasonBadSignature
+	// ReasonLoweringRelay is reserved for the node core: a relayed value
+	// lower than one already merged. The mesh never uses it itself; the
+	// runtime reports such refusals with AddRefused (or CountRefusal,
+	// by label).
+	ReasonLoweringRelay
+	// ReasonTableBudget is reserved for the node core: an entry dropped
+	// because the receiver's table is at its budget. Reported with
+	// AddRefused, like ReasonLoweringRelay.
+	ReasonTableBudget
 	// NumReasons is the number of reasons, for arrays indexed by Reason.
 	NumReasons
 )
@@ -38,13 +63,73 @@ func (r Reason) String() string {
 	case ReasonMalformed:
 		return "malformed"
 	case ReasonAuthor:
-		return "author"
+		return "forged_author"
 	case ReasonForeignSlot:
 		return "foreign_slot"
 	case ReasonImplausible:
 		return "implausible"
+	case ReasonNotMember:
+		return "not_member"
+	case ReasonBadSignature:
+		return "bad_signature"
+	case ReasonLoweringRelay:
+		return "lowering_relay"
+	case ReasonTableBudget:
+		return "table_budget"
 	}
 	return fmt.Sprintf("reason(%d)", int(r))
+}
+
+// ParseReason returns the Reason whose label (Reason.String) is s.
+func ParseReason(s string) (Reason, bool) {
+	for r := range NumReasons {
+		if r.String() == s {
+			return r, true
+		}
+	}
+	return 0, false
+}
+
+// ConnReason says why the connection gater refused a connection.
+type ConnReason int
+
+// Reasons a connection is refused (Stats.RefusedConns; the metric
+// ratemesh_connections_refused_total{reason}).
+const (
+	// ConnBlocked: the peer is blocked (Mesh.Block).
+	ConnBlocked ConnReason = iota
+	// ConnNotMember: the peer is not on the allowlist.
+	ConnNotMember
+	// NumConnReasons is the number of connection reasons.
+	NumConnReasons
+)
+
+// String returns the reason's metric label.
+func (r ConnReason) String() string {
+	switch r {
+	case ConnBlocked:
+		return "blocked"
+	case ConnNotMember:
+		return "not_member"
+	}
+	return fmt.Sprintf("conn_reason(%d)", int(r))
+}
+
+// relaysNonMember returns the first peer other than b's author that a
+// full state relays — in its Slots or its member table — and allowed
+// refuses. It is pure.
+func relaysNonMember(b *crdt.Batch, allowed func(peerID string) bool) (string, bool) {
+	for i := range b.Slots {
+		if p := b.Slots[i].Peer; !allowed(p) {
+			return p, true
+		}
+	}
+	for i := range b.Members {
+		if p := b.Members[i].Peer; !allowed(p) {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 // checkBatch decides whether b, authenticated as sent by author (a peer ID

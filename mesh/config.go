@@ -86,6 +86,35 @@ type Config struct {
 	// RedialMin and RedialMax bound the exponential backoff of redials to
 	// a bootstrap peer whose connection dropped.
 	RedialMin, RedialMax time.Duration
+
+	// AllowPeers, AllowPeersFile and AllowExternal turn on the allowlist
+	// of member peer IDs (see allow.go and docs/design.md, "Admission"):
+	// when any is set, a peer not on the list cannot connect (the gater
+	// of a Mesh built by New), and its gossip, sync and forward traffic
+	// is refused as ReasonNotMember. This member is always allowed. With
+	// none set (the default) the allowlist is off: any peer that can
+	// connect and publish is a member.
+	//
+	// AllowPeers are peer IDs in text form (12D3KooW…).
+	AllowPeers []string
+	// AllowPeersFile is a file of peer IDs, one a line, '#' starting a
+	// comment (ParseAllowList). New and Attach fail when it cannot be
+	// read; while the mesh runs it is re-read every AllowPeersPoll and a
+	// changed content applies at once (peers removed are disconnected);
+	// a file that turns unreadable or invalid keeps the last good list.
+	AllowPeersFile string
+	// AllowPeersPoll is how often AllowPeersFile is re-read.
+	AllowPeersPoll time.Duration
+	// AllowExternal turns the allowlist on for peers supplied at run time
+	// by SetAllowedPeers (serve's DNS TXT records), even when AllowPeers
+	// and AllowPeersFile name nobody: until a source names a peer, only
+	// this member is allowed.
+	AllowExternal bool
+}
+
+// allowlistOn reports whether the config turns the allowlist on.
+func (c *Config) allowlistOn() bool {
+	return len(c.AllowPeers) > 0 || c.AllowPeersFile != "" || c.AllowExternal
 }
 
 // DefaultConfig returns the defaults, each with its reason.
@@ -116,6 +145,9 @@ func DefaultConfig() Config {
 		// 30 s.
 		RedialMin: 250 * time.Millisecond,
 		RedialMax: 30 * time.Second,
+		// A file a ConfigMap or a deploy tool rewrites applies within
+		// seconds; reading a small file this often costs nothing.
+		AllowPeersPoll: 2 * time.Second,
 	}
 }
 
@@ -132,6 +164,9 @@ var (
 	ErrClosed = errors.New("mesh: closed")
 	// ErrNotStarted is returned by Publish and SendDirect before Start.
 	ErrNotStarted = errors.New("mesh: not started")
+	// ErrNotMember is returned by SendDirect and Forward for a peer not on
+	// the allowlist.
+	ErrNotMember = errors.New("mesh: peer not on the allowlist")
 	// ErrTooLarge is returned by Publish and SendDirect for a batch whose
 	// encoding exceeds MaxMessageBytes.
 	ErrTooLarge = errors.New("mesh: batch over the message size cap")
@@ -209,6 +244,11 @@ func (c *Config) validateRest() error {
 		return bad("RedialMin", "%v, must be positive", c.RedialMin)
 	case c.RedialMax < c.RedialMin:
 		return bad("RedialMax", "%v, must not be below RedialMin %v", c.RedialMax, c.RedialMin)
+	case c.AllowPeersFile != "" && c.AllowPeersPoll <= 0:
+		return bad("AllowPeersPoll", "%v, must be positive with AllowPeersFile", c.AllowPeersPoll)
+	}
+	if _, err := decodePeers(c.AllowPeers); err != nil {
+		return bad("AllowPeers", "%v", err)
 	}
 	return nil
 }

@@ -112,7 +112,7 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 // An announced member's connections are protected from the connection
 // manager.
 func (m *Mesh) announce(p peer.ID, st *peerState, protos []protocol.ID) bool {
-	if st.announced || !slices.Contains(protos, m.syncProto) || m.gater.isBlocked(p) {
+	if st.announced || !slices.Contains(protos, m.syncProto) || !m.gater.admits(p) {
 		return false
 	}
 	st.announced = true
@@ -229,7 +229,7 @@ func (m *Mesh) keep(pi peer.AddrInfo, r *redial, first *sync.WaitGroup) {
 	}
 	for m.ctx.Err() == nil {
 		up := m.h.Network().Connectedness(pi.ID) == network.Connected
-		if up || m.gater.isBlocked(pi.ID) {
+		if up || !m.gater.admits(pi.ID) { // a peer that joins the allowlist wakes the loop (setAllowed)
 			firstDone()
 			if up && upSince.IsZero() {
 				upSince = time.Now() // the peer dialled us
@@ -401,14 +401,22 @@ func (m *Mesh) Unblock(peerID string) error {
 	return nil
 }
 
-// gater is the connection gater behind Block.
+// gater is the connection gater of a Mesh built by New: it refuses the
+// peers Block cut off and, when the allowlist is on, every peer not on it.
+// Its methods are called concurrently by the swarm and never block.
 type gater struct {
 	mu      sync.RWMutex
 	blocked map[peer.ID]struct{}
-	refused atomic.Uint64
+	allow   *allowlist
+	refused [NumConnReasons]atomic.Uint64
+	// onRefuse, when set, is told of every refusal (the Mesh logs them,
+	// rate-limited).
+	onRefuse func(ConnReason, peer.ID, network.Direction)
 }
 
-func newGater() *gater { return &gater{blocked: make(map[peer.ID]struct{})} }
+func newGater(allow *allowlist) *gater {
+	return &gater{blocked: make(map[peer.ID]struct{}), allow: allow}
+}
 
 func (g *gater) block(p peer.ID) {
 	g.mu.Lock()
@@ -429,21 +437,51 @@ func (g *gater) isBlocked(p peer.ID) bool {
 	return ok
 }
 
-// allow reports whether p may connect, counting refusals.
-func (g *gater) allow(p peer.ID) bool {
+// admits reports whether p is neither blocked nor kept out by the
+// allowlist.
+func (g *gater) admits(p peer.ID) bool {
+	return g.allow.allowed(p) && !g.isBlocked(p)
+}
+
+// check reports whether p may connect, counting refusals.
+func (g *gater) check(p peer.ID, dir network.Direction) bool {
+	r := ConnBlocked
+	switch {
+	case g.isBlocked(p):
+	case !g.allow.allowed(p):
+		r = ConnNotMember
+	default:
+		return true
+	}
+	g.refused[r].Add(1)
+	if g.onRefuse != nil {
+		g.onRefuse(r, p, dir)
+	}
+	return false
+}
+
+// InterceptPeerDial refuses to dial a blocked peer or one not on the
+// allowlist.
+func (g *gater) InterceptPeerDial(p peer.ID) bool { return g.check(p, network.DirOutbound) }
+
+// InterceptAddrDial refuses a blocked peer's addresses.
+func (g *gater) InterceptAddrDial(p peer.ID, _ ma.Multiaddr) bool {
 	if g.isBlocked(p) {
-		g.refused.Add(1)
-		return false
+		return g.check(p, network.DirOutbound)
 	}
 	return true
 }
 
-func (g *gater) InterceptPeerDial(p peer.ID) bool                 { return g.allow(p) }
-func (g *gater) InterceptAddrDial(p peer.ID, _ ma.Multiaddr) bool { return g.allow(p) }
-func (g *gater) InterceptAccept(network.ConnMultiaddrs) bool      { return true }
-func (g *gater) InterceptSecured(_ network.Direction, p peer.ID, _ network.ConnMultiaddrs) bool {
-	return g.allow(p)
+// InterceptAccept lets every connection start: the peer's ID is not known
+// before the security handshake.
+func (g *gater) InterceptAccept(network.ConnMultiaddrs) bool { return true }
+
+// InterceptSecured refuses, in either direction, a blocked peer or one not
+// on the allowlist, once the handshake has authenticated its peer ID.
+func (g *gater) InterceptSecured(dir network.Direction, p peer.ID, _ network.ConnMultiaddrs) bool {
+	return g.check(p, dir)
 }
+
 func (g *gater) InterceptUpgraded(network.Conn) (bool, control.DisconnectReason) { return true, 0 }
 
 // mdnsNotifee dials peers that mDNS finds.
@@ -451,7 +489,7 @@ type mdnsNotifee struct{ m *Mesh }
 
 func (n mdnsNotifee) HandlePeerFound(pi peer.AddrInfo) {
 	m := n.m
-	if pi.ID == m.self || m.h.Network().Connectedness(pi.ID) == network.Connected || m.ctx.Err() != nil {
+	if pi.ID == m.self || m.h.Network().Connectedness(pi.ID) == network.Connected || m.ctx.Err() != nil || !m.gater.admits(pi.ID) {
 		return
 	}
 	m.mu.Lock()

@@ -15,6 +15,7 @@
 //	mcfg.Listen = []string{"/ip4/127.0.0.1/tcp/4001"}
 //	mcfg.Bootstrap = []string{"/ip4/127.0.0.1/tcp/4002/p2p/12D3KooW…"}
 //	mcfg.PSK, err = mesh.LoadPSK("swarm.key") // optional; TCP only
+//	mcfg.AllowPeersFile = "members"           // optional: only the peers listed may be members
 //	mcfg.Plausible = mesh.PlausibleFor(rules, 0)
 //	m, err := mesh.New(mcfg)
 //
@@ -83,8 +84,13 @@
 // MaxMessageBytes, decodes with the strict crdt.DecodeBatch, names its
 // signature-verified author as From, carries only From's own slot (every
 // entry's slot index is 0) and holds no value beyond any possible
-// admission (Config.Plausible). Anything else is rejected — not forwarded,
-// and its forwarder penalised — and counted in Stats by Reason.
+// admission (Config.Plausible), and, with an allowlist, whose author is
+// listed. Anything else is rejected — not forwarded, and its forwarder
+// penalised — and counted in Stats by Reason, as are the refusals
+// gossipsub makes itself: a signature that does not verify, a message
+// claiming this member as its author, an RPC over the size cap (see
+// sizeHost). Stats.RefusedMessages sums every refusal by Reason; each
+// reason is logged at most once every 5 s, with a count of the rest.
 //
 // # Anti-entropy
 //
@@ -120,6 +126,17 @@
 // by New. A peer with a different key (or none) stalls the handshake
 // rather than failing it, so every dial is bounded by DialTimeout and
 // fails with ErrKeyMismatchOrUnreachable naming the address.
+//
+// # Admission
+//
+// Config.AllowPeers, AllowPeersFile (re-read when it changes) and
+// SetAllowedPeers (with AllowExternal; serve feeds it DNS TXT records)
+// make an allowlist of member peer IDs. A peer not on it is refused by the
+// connection gater right after the handshake (and never dialled), its
+// gossip is rejected whoever forwards it, and its sync and forward streams
+// are reset: it never becomes a member. Without an allowlist any peer that
+// can connect and publish its own slot is a member. Refused connections
+// are counted in Stats.RefusedConns by ConnReason.
 //
 // # Partitions
 //

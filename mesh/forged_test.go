@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
@@ -9,8 +10,10 @@ import (
 
 	"github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	pb "github.com/libp2p/go-libp2p-pubsub/pb"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/internal/testutil"
@@ -60,6 +63,59 @@ func (r *rawPeer) connect(t *testing.T, m *Mesh) {
 		}
 		return false, "raw peer sees the mesh subscribed"
 	})
+}
+
+// rawMsg is a gossipsub message as an adversary writes it by hand: topic,
+// data and seqno; from and signature are whatever the test sets.
+func rawMsg(topic string, seq uint64, from peer.ID, data []byte) *pb.Message {
+	var sq [8]byte
+	binary.BigEndian.PutUint64(sq[:], seq)
+	return &pb.Message{From: []byte(from), Data: data, Seqno: sq[:], Topic: &topic}
+}
+
+// sign signs msg as r's host, as gossipsub's StrictSign does (sign.go):
+// the marshalled message without signature and key, prefixed.
+func (r *rawPeer) sign(t *testing.T, msg *pb.Message) *pb.Message {
+	t.Helper()
+	msg.Signature, msg.Key = nil, nil
+	data, err := proto.Marshal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := r.h.Peerstore().PrivKey(r.h.ID()).Sign(append([]byte(pubsub.SignPrefix), data...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg.Signature = sig
+	return msg
+}
+
+// sendRPC opens a gossipsub stream of its own to m's host, bypassing the
+// raw peer's router, and writes each frame length-prefixed as gossipsub
+// does (a uvarint and the bytes). The stream replaces any inbound
+// gossipsub stream m had from this peer. Write errors are returned, not
+// fatal: m resets a stream it refuses.
+func (r *rawPeer) sendRPC(t *testing.T, m *Mesh, frames ...[]byte) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := r.h.NewStream(ctx, m.Host().ID(), pubsub.GossipSubID_v11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_ = s.SetDeadline(time.Now().Add(5 * time.Second))
+	return writeFrames(s, frames)
+}
+
+// rpcOf marshals an RPC publishing msgs.
+func rpcOf(t *testing.T, msgs ...*pb.Message) []byte {
+	t.Helper()
+	data, err := proto.Marshal(&pb.RPC{Publish: msgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 func encode(t *testing.T, b *crdt.Batch) []byte {

@@ -183,6 +183,9 @@ func (m *Mesh) Forward(ctx context.Context, peerID string, req *node.ForwardRequ
 	if m.gater.isBlocked(p) {
 		return nil, fmt.Errorf("%w: forward to %s: blocked", ErrUnreachable, peerID)
 	}
+	if !m.allow.allowed(p) {
+		return nil, fmt.Errorf("%w: forward to %s: not on the allowlist", ErrNotMember, peerID)
+	}
 	data, err := fwdEnc.Marshal(toWireRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("mesh: forward to %s: %w", peerID, err)

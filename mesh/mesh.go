@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
@@ -48,6 +47,7 @@ type Mesh struct {
 	self      peer.ID
 	selfStr   string
 	gater     *gater
+	allow     *allowlist
 	wire      *wire
 	trace     *tracer
 	topicName string
@@ -84,8 +84,8 @@ type Mesh struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	logGate atomic.Int64 // unix nanos before which rejections are not logged
-	st      counters
+	logs refusalLogs
+	st   counters
 
 	// fwdHandler serves the forward stream (forward.go): the handler,
 	// when it implements node.ForwardHandler. Set once by Start.
@@ -176,7 +176,9 @@ func New(cfg Config) (*Mesh, error) {
 		_ = m.h.Close()
 		return nil, err
 	}
-	ps, err := pubsub.NewGossipSub(m.ctx, m.h, append(PubSubOptions(cfg), pubsub.WithRawTracer(m.trace))...)
+	// Gossipsub reads its inbound RPC streams through sizeHost, which
+	// counts the RPCs over its message cap that it drops (ReasonOversize).
+	ps, err := pubsub.NewGossipSub(m.ctx, sizeHost{Host: m.h, max: pubsubMaxMessage(cfg), over: m.rpcOversize}, append(PubSubOptions(cfg), pubsub.WithRawTracer(m.trace))...)
 	if err != nil {
 		m.cancel()
 		_ = m.h.Close()
@@ -187,10 +189,40 @@ func New(cfg Config) (*Mesh, error) {
 		_ = m.h.Close()
 		return nil, err
 	}
-	if len(cfg.PSK) == 0 && !allLoopback(cfg.Listen) {
-		m.log.Warn("no private network key: any peer that can reach this address may join the mesh", "listen", cfg.Listen)
+	if err := m.startAllowlist(); err != nil {
+		m.cancel()
+		_ = m.h.Close()
+		return nil, err
+	}
+	if len(cfg.PSK) == 0 && !cfg.allowlistOn() && !allLoopback(cfg.Listen) {
+		m.log.Warn("neither a private network key nor an allowlist: any peer that can reach this address may join the mesh", "listen", cfg.Listen)
 	}
 	return m, nil
+}
+
+// startAllowlist loads the allowlist's static sources and starts watching
+// its file; New and Attach call it last, as it starts a goroutine that
+// Close ends.
+func (m *Mesh) startAllowlist() error {
+	if !m.allow.on {
+		return nil
+	}
+	ids, err := decodePeers(m.cfg.AllowPeers)
+	if err != nil {
+		return badField("AllowPeers", "%v", err) // validated already
+	}
+	m.allow.replace(allowSourceConfig, ids)
+	if m.cfg.AllowPeersFile != "" {
+		data, ids, err := loadAllowFile(m.cfg.AllowPeersFile)
+		if err != nil {
+			return fmt.Errorf("mesh: config AllowPeersFile: %w", err)
+		}
+		m.allow.replace(allowSourceFile, ids)
+		m.wg.Add(1)
+		go m.watchAllowFile(data)
+	}
+	m.log.Info("allowlist on: only listed peers may be members", "peers", len(m.allow.list()), "file", m.cfg.AllowPeersFile, "external", m.cfg.AllowExternal)
+	return nil
 }
 
 // newMember returns a Mesh for cfg (validated) and the member's peer ID,
@@ -200,12 +232,14 @@ func newMember(cfg Config, self peer.ID) *Mesh {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	allow := newAllowlist(self, cfg.allowlistOn())
 	m := &Mesh{
 		cfg:       cfg,
 		log:       log.With("component", "mesh"),
 		self:      self,
 		selfStr:   self.String(),
-		gater:     newGater(),
+		allow:     allow,
+		gater:     newGater(allow),
 		topicName: "/ratemesh/1/" + cfg.Namespace,
 		syncProto: protocol.ID("/ratemesh/1/" + cfg.Namespace + "/sync"),
 		connTag:   "ratemesh/" + cfg.Namespace,
@@ -216,6 +250,8 @@ func newMember(cfg Config, self peer.ID) *Mesh {
 	}
 	m.wire = &wire{sync: m.syncProto}
 	m.trace = newTracer(m.topicName)
+	m.trace.onRefuse = m.traceRefusal
+	m.gater.onRefuse = m.connRefusal
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	for _, s := range cfg.Bootstrap {
 		pi, _ := peer.AddrInfoFromString(s) // validated
@@ -458,7 +494,7 @@ func (m *Mesh) validate(_ context.Context, from peer.ID, msg *pubsub.Message) pu
 	}
 	if msg.Signature == nil || len(msg.From) == 0 {
 		m.st.unsigned.Add(1)
-		m.logRejection("rejected an unsigned gossip message", "forwarder", from.String())
+		m.logRefusal(ReasonBadSignature, "refused an unsigned gossip message", "forwarder", from.String())
 		return pubsub.ValidationReject
 	}
 	if m.gater.isBlocked(from) {
@@ -468,6 +504,10 @@ func (m *Mesh) validate(_ context.Context, from peer.ID, msg *pubsub.Message) pu
 		return pubsub.ValidationIgnore
 	}
 	author := msg.GetFrom() // verified against the signature
+	if !m.allow.allowed(author) {
+		m.reject(false, ReasonNotMember, author, fmt.Errorf("author not on the allowlist (forwarded by %s)", from))
+		return pubsub.ValidationReject
+	}
 	data := msg.GetData()
 	if len(data) > m.cfg.MaxMessageBytes {
 		m.reject(false, ReasonOversize, author, fmt.Errorf("%d bytes, cap %d", len(data), m.cfg.MaxMessageBytes))
@@ -486,22 +526,16 @@ func (m *Mesh) validate(_ context.Context, from peer.ID, msg *pubsub.Message) pu
 	return pubsub.ValidationAccept
 }
 
-// reject counts a refused batch and logs it, at most once a second.
+// reject counts a refused batch and logs it, rate-limited per reason.
 func (m *Mesh) reject(direct bool, r Reason, author peer.ID, err error) {
+	channel := "gossip"
 	if direct {
 		m.st.rejectedDirect[r].Add(1)
+		channel = "sync"
 	} else {
 		m.st.rejectedGossip[r].Add(1)
 	}
-	m.logRejection("rejected a batch", "reason", r.String(), "author", author.String(), "direct", direct, "err", err)
-}
-
-// logRejection logs a refused message, at most once a second.
-func (m *Mesh) logRejection(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	if gate := m.logGate.Load(); now >= gate && m.logGate.CompareAndSwap(gate, now+int64(time.Second)) {
-		m.log.Warn(msg, args...)
-	}
+	m.logRefusal(r, "refused a batch", "author", author.String(), "channel", channel, "err", err)
 }
 
 func (m *Mesh) deliverBatch(in node.Inbound) {
@@ -594,12 +628,22 @@ type Stats struct {
 	// bytes) sent through SendDirect and delivered from peers.
 	DirectSent, DirectSentBytes         uint64
 	DirectReceived, DirectReceivedBytes uint64
-	// RejectedGossip and RejectedDirect count batches refused by our
-	// checks, by Reason; BadSignature counts gossip messages refused
-	// before them, unsigned or badly signed (an attached Mesh counts the
-	// unsigned ones only: pubsub's own refusals are not visible to it).
+	// RejectedGossip and RejectedDirect count gossip messages and sync
+	// stream batches refused, by Reason: by our checks, and on gossip
+	// also the RPCs over the router's cap that gossipsub drops
+	// (ReasonOversize) and the messages gossipsub refuses for their
+	// signature (ReasonBadSignature; BadSignature is the same count). An
+	// attached Mesh sees neither of gossipsub's own refusals: it counts
+	// only the unsigned messages its validator refuses.
 	RejectedGossip, RejectedDirect [NumReasons]uint64
 	BadSignature                   uint64
+	// RejectedForward counts forward stream requests refused, by Reason
+	// (ReasonNotMember: the requester is not on the allowlist).
+	RejectedForward [NumReasons]uint64
+	// RefusedMessages is every refusal by Reason: RejectedGossip +
+	// RejectedDirect + RejectedForward + what AddRefused reported (the
+	// node core's reasons). It is ratemesh_messages_refused_total.
+	RefusedMessages [NumReasons]uint64
 	// Silent drops inside gossipsub: outbound messages dropped at a full
 	// per-peer queue, inbound ones dropped at a full validation queue,
 	// and messages our subscription could not take (handler too slow).
@@ -607,8 +651,11 @@ type Stats struct {
 	// by New traces its PubSub: they stay 0 for an attached one.
 	DroppedOutbound, DroppedValidation, DroppedSubscriber uint64
 	// PeerConnected counts PeerConnected calls; DialFailures failed dials;
-	// Refused connections and dials the Block gater refused.
+	// Refused connections and dials the gater refused, RefusedConns the
+	// same by reason (Block, or the allowlist). Only a Mesh built by New
+	// has a gater: they stay 0 for an attached one.
 	PeerConnected, DialFailures, Refused uint64
+	RefusedConns                         [NumConnReasons]uint64
 	// Wire bytes carried by libp2p streams (after multiplexing, before
 	// encryption and transport framing): in total, over gossipsub, and
 	// over the sync protocol. Only a Mesh built by New counts them (a
@@ -624,8 +671,9 @@ type counters struct {
 	directSent, directSentBytes         atomic.Uint64
 	directReceived, directReceivedBytes atomic.Uint64
 	rejectedGossip, rejectedDirect      [NumReasons]atomic.Uint64
+	rejectedForward, external           [NumReasons]atomic.Uint64
 	peerConnected, dialFailures         atomic.Uint64
-	unsigned                            atomic.Uint64
+	unsigned, rpcOversize               atomic.Uint64
 }
 
 // Stats returns a snapshot of the counters.
@@ -640,16 +688,52 @@ func (m *Mesh) Stats() Stats {
 		DroppedValidation: m.trace.validationDropped.Load(),
 		DroppedSubscriber: m.trace.undeliverable.Load(),
 		PeerConnected:     m.st.peerConnected.Load(), DialFailures: m.st.dialFailures.Load(),
-		Refused: m.gater.refused.Load(),
-		WireIn:  uint64(m.wire.in.Load()), WireOut: uint64(m.wire.out.Load()),
+		WireIn: uint64(m.wire.in.Load()), WireOut: uint64(m.wire.out.Load()),
 		GossipWireIn: uint64(m.wire.gossipIn.Load()), GossipWireOut: uint64(m.wire.gossipOut.Load()),
 		SyncWireIn: uint64(m.wire.syncIn.Load()), SyncWireOut: uint64(m.wire.syncOut.Load()),
 	}
 	for r := range NumReasons {
 		s.RejectedGossip[r] = m.st.rejectedGossip[r].Load()
 		s.RejectedDirect[r] = m.st.rejectedDirect[r].Load()
+		s.RejectedForward[r] = m.st.rejectedForward[r].Load()
+	}
+	s.RejectedGossip[ReasonOversize] += m.st.rpcOversize.Load()
+	s.RejectedGossip[ReasonBadSignature] += s.BadSignature
+	s.RejectedGossip[ReasonAuthor] += m.trace.selfOrigin.Load()
+	for r := range NumReasons {
+		s.RefusedMessages[r] = s.RejectedGossip[r] + s.RejectedDirect[r] + s.RejectedForward[r] + m.st.external[r].Load()
+	}
+	for r := range NumConnReasons {
+		s.RefusedConns[r] = m.gater.refused[r].Load()
+		s.Refused += s.RefusedConns[r]
 	}
 	return s
+}
+
+// AddRefused counts n messages refused for reason r outside the mesh's own
+// checks: the node core's refusals (ReasonLoweringRelay,
+// ReasonTableBudget), reported by the runtime that drives both. They show
+// in Stats.RefusedMessages. It is safe for concurrent use.
+func (m *Mesh) AddRefused(r Reason, n uint64) {
+	if r < 0 || r >= NumReasons || n == 0 {
+		return
+	}
+	m.st.external[r].Add(n)
+	m.logRefusal(r, "refused by the node", "count", n)
+}
+
+// CountRefusal is AddRefused by the reason's label ("lowering_relay",
+// "table_budget", …), for a caller that cannot import this package: the
+// node runtime, whose Transport this is, finds it with a type assertion
+// on interface{ CountRefusal(string, uint64) error }. An unknown label is
+// an error and counts nothing.
+func (m *Mesh) CountRefusal(reason string, n uint64) error {
+	r, ok := ParseReason(reason)
+	if !ok {
+		return fmt.Errorf("mesh: CountRefusal: unknown reason %q", reason)
+	}
+	m.AddRefused(r, n)
+	return nil
 }
 
 // MeshPeers returns the peers in this member's gossipsub topic mesh (the

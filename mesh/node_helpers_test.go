@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
 
 	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
@@ -40,6 +43,10 @@ type spec struct {
 	joinTimeout time.Duration
 	core        func(*node.CoreConfig)
 	store       node.Store // nil: none
+	// key is the member's identity (a fresh one when nil); allow its
+	// allowlist (mesh.Config.AllowPeers; off when empty).
+	key   crypto.PrivKey
+	allow []string
 }
 
 // logger discards, or writes debug logs to stderr with MESH_TEST_LOG set.
@@ -54,11 +61,15 @@ func logger() *slog.Logger {
 // ends (node.Close closes it first; Close is idempotent).
 func newTransport(t testing.TB, s spec) *mesh.Mesh {
 	t.Helper()
-	key, _, err := crypto.GenerateEd25519Key(nil)
-	if err != nil {
-		t.Fatal(err)
+	key := s.key
+	if key == nil {
+		var err error
+		if key, _, err = crypto.GenerateEd25519Key(nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg := mesh.DefaultConfig()
+	cfg.AllowPeers = s.allow
 	cfg.Namespace = "nodetest"
 	cfg.PrivKey = key
 	cfg.PSK = s.psk
@@ -302,4 +313,30 @@ const (
 
 func fixedRule(name string, limit uint64, w time.Duration) limiter.Rule {
 	return limiter.Rule{Name: name, Algorithm: limiter.FixedWindow, Limit: limit, Window: w}
+}
+
+// rawGossip is a peer running plain gossipsub (flood publishing, no
+// validator) subscribed to topic on a loopback host of its own: it
+// publishes whatever a test encodes, signed by its own key. The context
+// lives until the test ends.
+func rawGossip(t testing.TB, topic string) (context.Context, host.Host, *pubsub.Topic) {
+	t.Helper()
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(), libp2p.DisableMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); h.Close() })
+	ps, err := pubsub.NewGossipSub(ctx, h, pubsub.WithFloodPublish(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := ps.Join(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tp.Subscribe(); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, h, tp
 }

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
-	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/ratemesh/ratemesh/crdt"
@@ -69,25 +67,9 @@ func TestNodesRejectForgedGossip(t *testing.T) {
 	ms := startMembers(t, 3, spec{rules: rules, clock: clock})
 	a, victim := ms[0], ms[1]
 
-	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(), libp2p.DisableMetrics())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); h.Close() })
-	ps, err := pubsub.NewGossipSub(ctx, h, pubsub.WithFloodPublish(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	topic, err := ps.Join(a.m.Topic())
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Subscribed, the raw peer is grafted into member 0's topic mesh like
 	// any member (a publisher that never subscribes is not forwarded).
-	if _, err := topic.Subscribe(); err != nil {
-		t.Fatal(err)
-	}
+	ctx, h, topic := rawGossip(t, a.m.Topic())
 	if err := h.Connect(ctx, peer.AddrInfo{ID: a.m.Host().ID(), Addrs: a.m.Host().Addrs()}); err != nil {
 		t.Fatal(err)
 	}

@@ -42,6 +42,9 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 	if m.gater.isBlocked(p) {
 		return fmt.Errorf("%w: send to %s: blocked", ErrUnreachable, peerID)
 	}
+	if !m.allow.allowed(p) {
+		return fmt.Errorf("%w: send to %s: not on the allowlist", ErrNotMember, peerID)
+	}
 	frames := make([][]byte, 0, len(bs))
 	var total int
 	for i, b := range bs {
@@ -122,7 +125,9 @@ func writeFrames(w io.Writer, frames [][]byte) error {
 // (checkBatch), whose addresses this member dials (learnAddrs). A malformed,
 // oversized, foreign or misattributed batch resets the stream (the rest is
 // not read); an implausible one is dropped and reading goes on, since it
-// may only mean the peers' rules differ for a while. Reads are bounded by
+// may only mean the peers' rules differ for a while, and so is a full
+// state that relays a peer this member's allowlist refuses (the
+// members' allowlists may differ for a while). Reads are bounded by
 // SyncTimeout, MaxMessageBytes and MaxSyncBatches.
 func (m *Mesh) handleSync(s network.Stream) {
 	remote := s.Conn().RemotePeer()
@@ -169,6 +174,15 @@ func (m *Mesh) handleSync(s network.Stream) {
 			s.Reset()
 			return
 		}
+		if m.allow.on {
+			// A member whose allowlist differs from ours (a rolling
+			// change) may relay a peer we do not admit: drop that batch,
+			// read on, as for an implausible value.
+			if p, bad := relaysNonMember(b, m.Allowed); bad {
+				m.reject(true, ReasonNotMember, remote, fmt.Errorf("a full state relays %s, not on the allowlist", p))
+				continue
+			}
+		}
 		m.st.directReceived.Add(1)
 		m.st.directReceivedBytes.Add(uint64(len(data)))
 		m.deliverBatch(node.Inbound{Batch: b, Direct: true})
@@ -209,7 +223,7 @@ func (m *Mesh) learnAddrs(ms []crdt.MemberEntry) {
 			continue
 		}
 		p, err := peer.Decode(e.Peer)
-		if err != nil || p == m.self || m.gater.isBlocked(p) {
+		if err != nil || p == m.self || !m.gater.admits(p) {
 			continue
 		}
 		var addrs []ma.Multiaddr

@@ -23,6 +23,13 @@ type tracer struct {
 	mesh map[peer.ID]struct{}
 
 	droppedRPC, undeliverable, validationDropped, badSignature atomic.Uint64
+	// selfOrigin counts messages claiming this member as author that
+	// another peer sent (forged_author).
+	selfOrigin atomic.Uint64
+
+	// onRefuse, when set, is told of the refusals counted here (the Mesh
+	// logs them, rate-limited). It must not block.
+	onRefuse func(r Reason, from peer.ID, why string)
 }
 
 var _ pubsub.RawTracer = (*tracer)(nil)
@@ -61,12 +68,28 @@ func (t *tracer) Prune(p peer.ID, topic string) {
 	}
 }
 
-func (t *tracer) RejectMessage(_ *pubsub.Message, reason string) {
+// RejectMessage counts gossipsub's own refusals of messages on our topic
+// (a rejection by our validator, "validation failed", is counted by the
+// validator itself).
+func (t *tracer) RejectMessage(msg *pubsub.Message, reason string) {
+	if msg.GetTopic() != t.topic {
+		return
+	}
+	r := ReasonBadSignature
 	switch reason {
 	case pubsub.RejectValidationQueueFull, pubsub.RejectValidationThrottled:
 		t.validationDropped.Add(1)
+		return
 	case pubsub.RejectMissingSignature, pubsub.RejectInvalidSignature, pubsub.RejectUnexpectedSignature, pubsub.RejectUnexpectedAuthInfo:
 		t.badSignature.Add(1)
+	case pubsub.RejectSelfOrigin:
+		t.selfOrigin.Add(1)
+		r = ReasonAuthor
+	default:
+		return
+	}
+	if t.onRefuse != nil {
+		t.onRefuse(r, msg.ReceivedFrom, reason)
 	}
 }
 

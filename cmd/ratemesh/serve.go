@@ -25,6 +25,7 @@ import (
 	manet "github.com/multiformats/go-multiaddr/net"
 
 	"github.com/ratemesh/ratemesh/config"
+	"github.com/ratemesh/ratemesh/discovery"
 	"github.com/ratemesh/ratemesh/httpapi"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
@@ -32,7 +33,7 @@ import (
 	"github.com/ratemesh/ratemesh/persistence"
 )
 
-const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--grpc HOST:PORT] [--envoy-config PATH] [--token-file FILE] [--tls-cert FILE --tls-key FILE [--client-ca FILE]] [--insecure-api] [--metrics-auth] [--log-format text|json]"
+const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--allow-peer PEER_ID]... [--allow-peers-file FILE] [--allow-peers-dns NAME]... [--grpc HOST:PORT] [--envoy-config PATH] [--token-file FILE] [--tls-cert FILE --tls-key FILE [--client-ca FILE]] [--insecure-api] [--metrics-auth] [--log-format text|json]"
 
 // ReadyLine is what serve prints on stdout once it serves: one JSON line.
 type ReadyLine struct {
@@ -53,12 +54,15 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("serve", flag.ContinueOnError)
 	setUsage(fset, stderr)
 	cfgPath := fset.String("config", "", "YAML config `file` (docs/operations.md); flags override it")
-	var listen, bootstrap multiFlag
+	var listen, bootstrap, allowPeers, allowDNS multiFlag
 	fset.Var(&listen, "listen", "libp2p listen `multiaddr` (repeatable; default /ip4/127.0.0.1/tcp/4001)")
 	api := fset.String("api", "", "HTTP API `host:port` (default 127.0.0.1:8080; port 0 picks one)")
 	dataDir := fset.String("data-dir", "", "data `dir` (default ./ratemesh-data)")
 	fset.Var(&bootstrap, "bootstrap", "peer `multiaddr` ending in /p2p/<id> to join, or dns:HOST:PORT to join every peer HOST resolves to (PORT: their API port) (repeatable)")
 	pskFile := fset.String("psk-file", "", "private network key `file` (swarm.key format)")
+	fset.Var(&allowPeers, "allow-peer", "`peer ID` that may be a member; with any --allow-peer* flag (or node.allow_peers*), only listed peers may connect (repeatable)")
+	allowFile := fset.String("allow-peers-file", "", "`file` of member peer IDs, one a line, # comments; re-read when it changes")
+	fset.Var(&allowDNS, "allow-peers-dns", "DNS `name` whose TXT records ratemesh-peer=<peer ID> list members; re-read every 10 s (repeatable)")
 	logLevel := fset.String("log-level", "info", "log `level`: debug, info, warn, error")
 	logFormat := fset.String("log-format", "text", "log `format` on stderr: text or json (one JSON object a line)")
 	grpcAddr := fset.String("grpc", "", "serve Envoy's rate limit service (gRPC) and gRPC health on `host:port` (port 0 picks one)")
@@ -115,6 +119,15 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		cfg.Node.PSKFile = *pskFile
 	}
 	ex := &serveExtras{file: cfg}
+	if len(allowPeers) > 0 {
+		cfg.Node.AllowPeers = allowPeers
+	}
+	if *allowFile != "" {
+		cfg.Node.AllowPeersFile = *allowFile
+	}
+	if len(allowDNS) > 0 {
+		cfg.Node.AllowPeersDNS = allowDNS
+	}
 	if *grpcAddr != "" {
 		cfg.Node.GRPC = *grpcAddr
 	}
@@ -210,11 +223,12 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 			return fmt.Errorf("node.psk_file: %w", err)
 		}
 	}
-	for _, a := range cfg.Node.Listen {
-		if routable(a) && mcfg.PSK == nil {
-			log.Warn("listening on a routable address without a private network key: any peer that can reach it may join the mesh and spend its limits; set node.psk_file (--psk-file)", "listen", a)
+	if cfg.Node.AllowPeersFile != "" {
+		if _, err := mesh.LoadAllowList(cfg.Node.AllowPeersFile); err != nil {
+			return fmt.Errorf("node.allow_peers_file: %w", err)
 		}
 	}
+	warnAdmission(&cfg, mcfg.PSK != nil, log)
 	rules := append(append([]limiter.Rule(nil), cfg.Rules...), ex.desc.Rules()...)
 	plaus := mesh.NewPlausibility(rules)
 	mcfg.Plausible = plaus.Bound
@@ -233,6 +247,11 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 	}
 	m, err := mesh.New(mcfg)
 	if err != nil {
+		_ = store.Close()
+		return err
+	}
+	if err := startAllowDNS(ctx, &cfg, m, log); err != nil {
+		_ = m.Close()
 		_ = store.Close()
 		return err
 	}
@@ -459,8 +478,72 @@ func meshConfig(cfg *config.Config) mesh.Config {
 	mcfg.Listen = append([]string(nil), cfg.Node.Listen...)
 	mcfg.Bootstrap = cfg.PeerBootstrap()
 	mcfg.MDNS = cfg.Node.MDNS
+	mcfg.AllowPeers = append([]string(nil), cfg.Node.AllowPeers...)
+	mcfg.AllowPeersFile = cfg.Node.AllowPeersFile
+	mcfg.AllowExternal = len(cfg.Node.AllowPeersDNS) > 0
 	return mcfg
 }
+
+// allowlistOn reports whether the config names an allowlist.
+func allowlistOn(cfg *config.Config) bool {
+	n := &cfg.Node
+	return len(n.AllowPeers) > 0 || n.AllowPeersFile != "" || len(n.AllowPeersDNS) > 0
+}
+
+// warnAdmission says, for a node listening on a routable address, who can
+// join: with neither a private network key nor an allowlist, anyone who
+// can reach it (a warning); with one of them, what the other would add.
+func warnAdmission(cfg *config.Config, psk bool, log *slog.Logger) {
+	var addrs []string
+	for _, a := range cfg.Node.Listen {
+		if routable(a) {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return
+	}
+	switch allow := allowlistOn(cfg); {
+	case !psk && !allow:
+		log.Warn("listening on a routable address with neither a private network key nor an allowlist: any peer that can reach it may join the mesh and spend its limits; set node.psk_file (--psk-file) and node.allow_peers, allow_peers_file or allow_peers_dns (--allow-peer, --allow-peers-file, --allow-peers-dns)", "listen", addrs)
+	case !psk:
+		log.Info("no private network key: any peer can reach the handshake, and the allowlist refuses the unlisted ones after it; node.psk_file (--psk-file) would keep them out before it", "listen", addrs)
+	case !allow:
+		log.Info("no allowlist: any holder of the private network key may join; node.allow_peers, allow_peers_file or allow_peers_dns name the members", "listen", addrs)
+	}
+}
+
+// startAllowDNS keeps the allowlist's DNS TXT part (node.allow_peers_dns)
+// up to date. Its first round runs before the node dials anyone, bounded
+// by dnsFirstRound; a failure is logged and the rounds go on every 10 s
+// in the background (until then only the other sources' peers may
+// connect).
+func startAllowDNS(ctx context.Context, cfg *config.Config, m *mesh.Mesh, log *slog.Logger) error {
+	names := cfg.Node.AllowPeersDNS
+	if len(names) == 0 {
+		return nil
+	}
+	dlog := log.With("component", "discovery")
+	d, err := discovery.NewTXT(discovery.TXTConfig{
+		Names:  names,
+		Set:    func(ids []string) error { return m.SetAllowedPeers("dns", ids) },
+		Logger: dlog,
+	})
+	if err != nil {
+		return fmt.Errorf("node.allow_peers_dns: %w", err)
+	}
+	first, cancel := context.WithTimeout(ctx, dnsFirstRound)
+	err = d.Round(first)
+	cancel()
+	if err != nil {
+		log.Warn("node.allow_peers_dns: first lookup failed; members the records list are refused until one succeeds", "err", err)
+	}
+	go d.Run(ctx)
+	return nil
+}
+
+// dnsFirstRound bounds the allowlist's first DNS lookup at start.
+const dnsFirstRound = 5 * time.Second
 
 // routable reports whether a listen multiaddr is reachable from other
 // hosts: anything but loopback.
