@@ -42,14 +42,10 @@ const (
 	// the tracer of a Mesh built by New), or one claiming to be from this
 	// member though another peer sent it.
 	ReasonBadSignature
-	// ReasonLoweringRelay is reserved for the node core: a relayed value
-	// lower than one already merged. The mesh never uses it itself; the
-	// runtime reports such refusals with AddRefused (or CountRefusal,
-	// by label).
-	ReasonLoweringRelay
-	// ReasonTableBudget is reserved for the node core: an entry dropped
-	// because the receiver's table is at its budget. Reported with
-	// AddRefused, like ReasonLoweringRelay.
+	// ReasonTableBudget: a member table entry this member did not dial
+	// because the suggested dials are at their budget (learnAddrs): a
+	// table is its sender's word, and an invented peer costs a dial. The
+	// node core may report its own with AddRefused.
 	ReasonTableBudget
 	// NumReasons is the number of reasons, for arrays indexed by Reason.
 	NumReasons
@@ -72,8 +68,6 @@ func (r Reason) String() string {
 		return "not_member"
 	case ReasonBadSignature:
 		return "bad_signature"
-	case ReasonLoweringRelay:
-		return "lowering_relay"
 	case ReasonTableBudget:
 		return "table_budget"
 	}

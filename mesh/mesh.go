@@ -47,6 +47,7 @@ type Mesh struct {
 	self      peer.ID
 	selfStr   string
 	gater     *gater
+	sugg      suggestions // the budget of dials member tables start (learnAddrs)
 	allow     *allowlist
 	wire      *wire
 	trace     *tracer
@@ -711,8 +712,8 @@ func (m *Mesh) Stats() Stats {
 }
 
 // AddRefused counts n messages refused for reason r outside the mesh's own
-// checks: the node core's refusals (ReasonLoweringRelay,
-// ReasonTableBudget), reported by the runtime that drives both. They show
+// checks: the node core's refusals (ReasonTableBudget), reported by the
+// runtime that drives both. They show
 // in Stats.RefusedMessages. It is safe for concurrent use.
 func (m *Mesh) AddRefused(r Reason, n uint64) {
 	if r < 0 || r >= NumReasons || n == 0 {
@@ -722,8 +723,7 @@ func (m *Mesh) AddRefused(r Reason, n uint64) {
 	m.logRefusal(r, "refused by the node", "count", n)
 }
 
-// CountRefusal is AddRefused by the reason's label ("lowering_relay",
-// "table_budget", …), for a caller that cannot import this package: the
+// CountRefusal is AddRefused by the reason's label ("table_budget", …), for a caller that cannot import this package: the
 // node runtime, whose Transport this is, finds it with a type assertion
 // on interface{ CountRefusal(string, uint64) error }. An unknown label is
 // an error and counts nothing.

@@ -2,6 +2,8 @@ package mesh_test
 
 import (
 	"context"
+	"encoding/binary"
+	"io"
 	"testing"
 	"time"
 
@@ -14,6 +16,32 @@ import (
 	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
 )
+
+// sendRawSync writes b on a sync stream from `from` to `to` as the
+// protocol frames it (a uvarint length, then the CBOR batch), closes its
+// side and waits for the receiver to close the stream: its receipt.
+func sendRawSync(t *testing.T, ctx context.Context, from, to *mesh.Mesh, b *crdt.Batch) {
+	t.Helper()
+	s, err := from.Host().NewStream(ctx, to.Host().ID(), to.SyncProtocol())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	data, err := b.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := binary.AppendUvarint(nil, uint64(len(data)))
+	if _, err := s.Write(append(frame, data...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(s); err != nil {
+		t.Fatalf("the receiver refused the full state: %v", err)
+	}
+}
 
 // inventedPeers returns n peer IDs nobody runs.
 func inventedPeers(t *testing.T, n int) []string {
@@ -40,8 +68,8 @@ func inventedPeers(t *testing.T, n int) []string {
 // invented peers, so a restart dialled them all). A member table is a
 // suggestion now: member 0 counts only the members that signed something
 // (the three and the sender), stays ready for the suspect_after and more
-// that the invented ones would have needed to turn suspect, and saves no
-// invented peer.
+// that the invented ones would have needed to turn suspect, saves no
+// invented peer, and dials only within its budget.
 func TestNodesMemberTableFlood(t *testing.T) {
 	rules := []limiter.Rule{fixedRule("api", 100, time.Second)}
 	store := &node.MemoryStore{}
@@ -70,9 +98,9 @@ func TestNodesMemberTableFlood(t *testing.T) {
 			b.Members = append(b.Members, crdt.MemberEntry{Peer: p, Incarnation: 1, State: crdt.MemberAlive,
 				Addrs: []string{"/ip4/127.0.0.1/tcp/9/p2p/" + p}})
 		}
-		if err := attacker.SendDirect(ctx, ms[0].m.PeerID(), []*crdt.Batch{b}); err != nil {
-			t.Fatalf("full state %d: %v", k, err)
-		}
+		// Written on the sync stream by hand: a Mesh's own SendDirect
+		// would fill in the addresses its peerstore knows (none).
+		sendRawSync(t, ctx, attacker, ms[0].m, b)
 	}
 	t.Logf("sent 10 full states of %d invented members in %v", crdt.MaxMembers, time.Since(start).Round(time.Millisecond))
 	// Past suspect_after (2 s) and a heartbeat: invented members counted
@@ -97,6 +125,11 @@ func TestNodesMemberTableFlood(t *testing.T) {
 	}
 	if n, st := members(); n != 4 {
 		t.Errorf("member 0 counts %d live members %v, want the 3 members and the sender", n, st)
+	}
+	// Its transport dialled at most 256 of each table's 1024 (and at most
+	// 16 at a time); the rest count as table_budget.
+	if over := ms[0].m.Stats().RefusedMessages[mesh.ReasonTableBudget]; over < 10*(crdt.MaxMembers-256) {
+		t.Errorf("%d table entries refused over the dial budget, want at least %d", over, 10*(crdt.MaxMembers-256))
 	}
 	// The runtime saves its known peers with each flush (1 s): none of the
 	// invented ones.

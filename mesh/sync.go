@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -210,20 +211,93 @@ func (m *Mesh) withAddrs(ms []crdt.MemberEntry) []crdt.MemberEntry {
 	return out
 }
 
-// learnAddrs records the addresses of the live members of a full state's
-// member table and dials those this host is not connected to, in the
-// background: a member that joined through one seed reaches every member
+// The budget of the dials member tables start (learnAddrs). A table is its
+// sender's word about others: an invented peer costs a dial, a goroutine
+// and a peerstore entry, so only a table's first maxTablePeers live
+// entries are considered, at most maxSuggestedDials run at once, a peer
+// whose dial failed is not tried again for suggestRetry, and at most
+// maxSuggestFailed such peers are remembered. Every entry left out by a
+// cap counts as ReasonTableBudget. (A table never makes a member either:
+// the node core counts a peer once a batch it signed arrives.)
+const (
+	maxTablePeers     = 256
+	maxSuggestedDials = 16
+	suggestRetry      = time.Minute
+	maxSuggestFailed  = 4096
+)
+
+// suggestions is the state of that budget. The zero value is ready; it is
+// safe for concurrent use.
+type suggestions struct {
+	mu       sync.Mutex
+	inFlight int
+	failed   map[peer.ID]time.Time // when a suggested dial to the peer failed
+}
+
+// take reports whether p may be dialled at now and if so counts the dial
+// in flight (done ends it); over is true when a cap, not p's own recent
+// failure, refused it.
+func (s *suggestions) take(p peer.ID, now time.Time) (ok, over bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, failed := s.failed[p]; failed && now.Sub(t) < suggestRetry {
+		return false, false
+	}
+	if s.inFlight >= maxSuggestedDials {
+		return false, true
+	}
+	s.inFlight++
+	return true, false
+}
+
+// done ends a dial taken at now; failed records that it failed.
+func (s *suggestions) done(p peer.ID, now time.Time, failed bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight--
+	if !failed {
+		delete(s.failed, p)
+		return
+	}
+	if s.failed == nil {
+		s.failed = make(map[peer.ID]time.Time)
+	}
+	if len(s.failed) >= maxSuggestFailed {
+		for q, t := range s.failed {
+			if now.Sub(t) >= suggestRetry {
+				delete(s.failed, q)
+			}
+		}
+		if len(s.failed) >= maxSuggestFailed {
+			return // forgotten: it may be tried again, within the dial cap
+		}
+	}
+	s.failed[p] = now
+}
+
+// learnAddrs dials, in the background, the live members of a full state's
+// member table this host is not connected to, within the suggestion budget
+// above: a member that joined through one seed reaches every member
 // directly, and exchanges state with each.
 //
 // The caller holds m.deliver for reading, with m.stopped false, so no dial
 // starts once Close has begun waiting for them.
 func (m *Mesh) learnAddrs(ms []crdt.MemberEntry) {
+	var over uint64
+	considered := 0
 	for _, e := range ms {
 		if e.State != crdt.MemberAlive && e.State != crdt.MemberSuspect {
 			continue
 		}
 		p, err := peer.Decode(e.Peer)
-		if err != nil || p == m.self || !m.gater.admits(p) {
+		if err != nil || p == m.self || !m.gater.admits(p) || len(e.Addrs) == 0 {
+			continue
+		}
+		if m.h.Network().Connectedness(p) == network.Connected {
+			continue
+		}
+		if considered++; considered > maxTablePeers {
+			over++
 			continue
 		}
 		var addrs []ma.Multiaddr
@@ -235,18 +309,27 @@ func (m *Mesh) learnAddrs(ms []crdt.MemberEntry) {
 		if len(addrs) == 0 {
 			continue
 		}
-		m.h.Peerstore().AddAddrs(p, addrs, peerstore.TempAddrTTL)
-		if m.h.Network().Connectedness(p) == network.Connected {
+		ok, capped := m.sugg.take(p, time.Now())
+		if capped {
+			over++
+		}
+		if !ok {
 			continue
 		}
+		m.h.Peerstore().AddAddrs(p, addrs, peerstore.TempAddrTTL)
 		pi := peer.AddrInfo{ID: p, Addrs: addrs}
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
-			if err := m.connect(m.ctx, pi, addrString(pi)); err != nil && m.ctx.Err() == nil {
+			err := m.connect(m.ctx, pi, addrString(pi))
+			m.sugg.done(pi.ID, time.Now(), err != nil)
+			if err != nil && m.ctx.Err() == nil {
 				m.log.Debug("dial a member learned from a full state", "peer", pi.ID, "err", err)
 			}
 		}()
+	}
+	if over > 0 {
+		m.AddRefused(ReasonTableBudget, over)
 	}
 }
 
