@@ -2,8 +2,6 @@ package mesh_test
 
 import (
 	"context"
-	"encoding/binary"
-	"io"
 	"testing"
 	"time"
 
@@ -11,37 +9,12 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/internal/p2ptest"
 	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
 )
-
-// sendRawSync writes b on a sync stream from `from` to `to` as the
-// protocol frames it (a uvarint length, then the CBOR batch), closes its
-// side and waits for the receiver to close the stream: its receipt.
-func sendRawSync(t *testing.T, ctx context.Context, from, to *mesh.Mesh, b *crdt.Batch) {
-	t.Helper()
-	s, err := from.Host().NewStream(ctx, to.Host().ID(), to.SyncProtocol())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	data, err := b.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	frame := binary.AppendUvarint(nil, uint64(len(data)))
-	if _, err := s.Write(append(frame, data...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadAll(s); err != nil {
-		t.Fatalf("the receiver refused the full state: %v", err)
-	}
-}
 
 // inventedPeers returns n peer IDs nobody runs.
 func inventedPeers(t *testing.T, n int) []string {
@@ -100,7 +73,9 @@ func TestNodesMemberTableFlood(t *testing.T) {
 		}
 		// Written on the sync stream by hand: a Mesh's own SendDirect
 		// would fill in the addresses its peerstore knows (none).
-		sendRawSync(t, ctx, attacker, ms[0].m, b)
+		if err := p2ptest.SendRawSync(ctx, attacker.Host(), ms[0].m.Host().ID(), ms[0].m.SyncProtocol(), b); err != nil {
+			t.Fatalf("full state %d: %v", k, err)
+		}
 	}
 	t.Logf("sent 10 full states of %d invented members in %v", crdt.MaxMembers, time.Since(start).Round(time.Millisecond))
 	// Past suspect_after (2 s) and a heartbeat: invented members counted

@@ -6,6 +6,8 @@ package p2ptest
 
 import (
 	"context"
+	"encoding/binary"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,9 @@ import (
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/ratemesh/ratemesh/crdt"
 )
 
 // Host returns a libp2p host listening on 127.0.0.1 (TCP, an ephemeral
@@ -83,4 +88,33 @@ func (tp *Topic) Received(msg string) bool {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	return tp.got[msg]
+}
+
+// SendRawSync writes batches on a ratemesh sync stream (proto, e.g.
+// mesh.Mesh.SyncProtocol) from h to `to` as the protocol frames them (a
+// uvarint length, then the CBOR batch), closes its side and waits for the
+// receiver to close the stream, its receipt; a reset is an error. It is
+// what an adversary that speaks the protocol does by hand: a Mesh's own
+// SendDirect fills in the addresses its peerstore knows for a member
+// table's entries, and refuses nothing it is given.
+func SendRawSync(ctx context.Context, h host.Host, to peer.ID, proto protocol.ID, batches ...*crdt.Batch) error {
+	s, err := h.NewStream(ctx, to, proto)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	for _, b := range batches {
+		data, err := b.Encode()
+		if err != nil {
+			return err
+		}
+		if _, err := s.Write(append(binary.AppendUvarint(nil, uint64(len(data))), data...)); err != nil {
+			return err
+		}
+	}
+	if err := s.CloseWrite(); err != nil {
+		return err
+	}
+	_, err = io.ReadAll(s)
+	return err
 }
