@@ -142,6 +142,7 @@ type loadReport struct {
 	Sent        int64   `json:"sent"`
 	Failed      int64   `json:"failed"`
 	Missed      int64   `json:"missed"` // send slots the generator dropped, behind schedule
+	Up          float64 `json:"up"`     // the nodes' time not paused, a fraction: the share of the target a generator can offer
 	FellBehind  bool    `json:"fell_behind"`
 	Seconds     float64 `json:"seconds"`
 }
@@ -211,8 +212,8 @@ func (s *summary) judge() {
 		s.Warnings = append(s.Warnings, fmt.Sprintf("%d windows with a node that did not answer: counted from the others' views (a lower bound)", s.Incomplete))
 	}
 	if s.Load.FellBehind {
-		s.Warnings = append(s.Warnings, fmt.Sprintf("the load generator fell behind: offered %.0f/s on the hot key of %.0f/s asked",
-			s.Load.HotOffered, s.Load.HotTarget))
+		s.Warnings = append(s.Warnings, fmt.Sprintf("the load generator fell behind: offered %.0f/s on the hot key of %.0f/s asked (%.0f/s with the pauses), %.0f/s on the rotating keys of %.0f/s",
+			s.Load.HotOffered, s.Load.HotTarget, s.Load.Up*s.Load.HotTarget, s.Load.KeysOffered, s.Load.KeysTarget))
 	}
 	s.Pass = len(s.Failures) == 0
 }

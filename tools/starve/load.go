@@ -141,7 +141,7 @@ func (g *generator) spawn(ctx context.Context, s *stream, workers int, body func
 					s.missed.Add(int64(now.Sub(next) / every))
 					next = now
 				}
-				p := g.pick()
+				p := g.pick(w)
 				if p == nil {
 					continue
 				}
@@ -170,9 +170,14 @@ func (g *generator) spawn(ctx context.Context, s *stream, workers int, body func
 	}
 }
 
-// pick returns the next running node, round-robin; nil when none is.
-func (g *generator) pick() *proc {
+// pick returns worker w's node, w modulo the nodes, while it runs (a
+// pause holds up that node's workers only), else the next running node
+// round-robin; nil when none is.
+func (g *generator) pick(w int) *proc {
 	n := len(g.c.members)
+	if p := g.c.running(w % n); p != nil {
+		return p
+	}
 	for range n {
 		if p := g.c.running(int(g.rr.Add(1) % uint64(n))); p != nil {
 			return p
@@ -181,9 +186,11 @@ func (g *generator) pick() *proc {
 	return nil
 }
 
-// report says what was offered over the run so far; the generator fell
-// behind when it offered under 90% of a stream's rate.
-func (g *generator) report(r *loadReport) {
+// report says what was offered over the run so far. A worker waits for
+// its node's answer, so a paused node's share of the load is not offered
+// while it is paused: the generator fell behind when it offered under 90%
+// of a stream's rate less that share (paused, in total over the nodes).
+func (g *generator) report(r *loadReport, paused time.Duration) {
 	end := g.end
 	if end.IsZero() {
 		end = time.Now()
@@ -199,7 +206,12 @@ func (g *generator) report(r *loadReport) {
 	r.Sent = g.hot.sent.Load() + g.keys.sent.Load()
 	r.Failed = g.hot.failed.Load() + g.keys.failed.Load()
 	r.Missed = g.hot.missed.Load() + g.keys.missed.Load()
-	r.FellBehind = r.HotOffered < 0.9*r.HotTarget || r.KeysOffered < 0.9*r.KeysTarget
+	up := 1.0
+	if el > 0 {
+		up = max(0, 1-paused.Seconds()/(el*float64(len(g.c.members))))
+	}
+	r.Up = up
+	r.FellBehind = r.HotOffered < 0.9*up*r.HotTarget || r.KeysOffered < 0.9*up*r.KeysTarget
 }
 
 // burst sends n requests for key over the running nodes at once from

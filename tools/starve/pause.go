@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"math/rand"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -26,12 +27,11 @@ type pauser struct {
 	every  time.Duration
 	events func(format string, args ...any)
 
-	pauses int
-	paused time.Duration
+	pauses atomic.Int64 // pauses ended
+	paused atomic.Int64 // their total length, ns
 }
 
-// run pauses until ctx is done and leaves no process stopped. The counts
-// are read after it returns.
+// run pauses until ctx is done and leaves no process stopped.
 func (p *pauser) run(ctx context.Context) {
 	for {
 		gap, i, length := pausePlan(p.rand, p.every, len(p.c.members))
@@ -64,8 +64,8 @@ func (p *pauser) run(ctx context.Context) {
 			m.paused = false
 		}
 		p.c.mu.Unlock()
-		p.pauses++
-		p.paused += time.Since(start)
+		p.pauses.Add(1)
+		p.paused.Add(int64(time.Since(start)))
 		if p.events != nil {
 			p.events("paused node %d for %v", i, time.Since(start).Round(time.Millisecond))
 		}

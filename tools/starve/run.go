@@ -184,12 +184,12 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 	serr := runScenario(lctx, o, c, k, s, event, began)
 	stopLoad()
 	g.wait()
+	g.report(&s.Load, time.Duration(pz.paused.Load()))
 	end <- time.Now()
 	cw.Wait()
-	g.report(&s.Load)
 	stopStarve()
 	bg.Wait()
-	s.Starve.Pauses, s.Starve.PausedMs = pz.pauses, pz.paused.Milliseconds()
+	s.Starve.Pauses, s.Starve.PausedMs = int(pz.pauses.Load()), time.Duration(pz.paused.Load()).Milliseconds()
 	sampler.report(&s.Starve)
 	if serr != nil && ctx.Err() == nil {
 		return nil, serr
