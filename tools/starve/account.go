@@ -10,15 +10,19 @@ import (
 // nodeUsage is one node's answer to GET /v1/usage?window=W: the peer ID
 // of the node asked (from its ready line) and the slots it holds for the
 // window. OK is false when the node did not answer for that window in
-// time (paused or starved past the window, or stopped during it). Down
-// marks a node the harness had stopped before the window began: it
-// admitted nothing in it, so it is neither asked nor missing.
+// time (paused or starved past the window). Down marks a node the
+// harness had stopped by the time of the poll: it is not asked, and its
+// slots count from the others' views. Stopped marks a node the harness
+// stopped during the window or so soon after it that it may not have
+// published all it admitted there (a SIGKILL loses what it had not
+// published yet).
 type nodeUsage struct {
-	Node   int
-	PeerID string
-	OK     bool
-	Down   bool
-	Slots  []httpapi.SlotJSON
+	Node    int
+	PeerID  string
+	OK      bool
+	Down    bool
+	Stopped bool
+	Slots   []httpapi.SlotJSON
 }
 
 // windowCount is what the mesh admitted for one key in one ended window,
@@ -35,8 +39,10 @@ type windowCount struct {
 	// restarted and not asked). It is a lower bound of what that peer
 	// admitted: its admissions it never published are lost with it.
 	Relayed uint64 `json:"relayed,omitempty"`
-	// Missing lists the nodes that did not answer.
-	Missing []int   `json:"missing,omitempty"`
+	// Missing lists the running nodes that did not answer.
+	Missing []int `json:"missing,omitempty"`
+	// Stopped lists the nodes stopped during the window or just after.
+	Stopped []int   `json:"stopped,omitempty"`
 	Ratio   float64 `json:"ratio"`
 }
 
@@ -60,6 +66,9 @@ func countWindow(w int64, limit uint64, views []nodeUsage) windowCount {
 	best := map[slotKey]uint64{}
 	answered := map[string]bool{}
 	for i, v := range views {
+		if v.Stopped {
+			wc.Stopped = append(wc.Stopped, v.Node)
+		}
 		if !v.OK {
 			if !v.Down {
 				wc.Missing = append(wc.Missing, v.Node)
@@ -174,7 +183,7 @@ func (s *summary) judge() {
 	var sum uint64
 	for i, w := range s.Windows {
 		sum += w.Admitted
-		if len(w.Missing) > 0 {
+		if len(w.Missing) > 0 || len(w.Stopped) > 0 {
 			s.Incomplete++
 		}
 		if i == 0 || w.Ratio > s.WorstRatio {
@@ -204,12 +213,16 @@ func (s *summary) judge() {
 			s.Failures = append(s.Failures, fmt.Sprintf("burst on %s in window %d admitted %d of %d (want all %d): %v",
 				b.Key, b.Window, b.Allowed, b.Sent, s.BurstWant, b.Reasons))
 		}
+		if b.Failed == 0 && uint64(b.Allowed) != b.Admitted {
+			s.Warnings = append(s.Warnings, fmt.Sprintf("burst on %s: the servers counted %d admitted, the answers said %d",
+				b.Key, b.Admitted, b.Allowed))
+		}
 	}
 	if n := len(s.SkewLines); n > 0 {
 		s.Failures = append(s.Failures, fmt.Sprintf("%d clock skew lines logged (\"beyond max_skew\") on one host", n))
 	}
 	if s.Incomplete > 0 {
-		s.Warnings = append(s.Warnings, fmt.Sprintf("%d windows with a node that did not answer: counted from the others' views (a lower bound)", s.Incomplete))
+		s.Warnings = append(s.Warnings, fmt.Sprintf("%d windows with a node that did not answer or was stopped in them: a stopped or silent node's slot counts from the others' views, a lower bound", s.Incomplete))
 	}
 	if s.Load.FellBehind {
 		s.Warnings = append(s.Warnings, fmt.Sprintf("the load generator fell behind: offered %.0f/s on the hot key of %.0f/s asked (%.0f/s with the pauses), %.0f/s on the rotating keys of %.0f/s",

@@ -44,6 +44,14 @@ func TestCountWindow(t *testing.T) {
 		},
 		want: windowCount{Window: 7, Admitted: 100, Own: []uint64{50, 50, 0}, Ratio: 1},
 	}, {
+		name: "a node killed in the window: down at the poll, its slot relayed, stopped",
+		views: []nodeUsage{
+			{Node: 0, PeerID: "a", OK: true, Slots: []httpapi.SlotJSON{slot("a", 1, 50), slot("c", 1, 10)}},
+			{Node: 1, PeerID: "b", OK: true, Slots: []httpapi.SlotJSON{slot("a", 1, 49), slot("b", 1, 40), slot("c", 1, 12)}},
+			{Node: 2, Down: true, Stopped: true},
+		},
+		want: windowCount{Window: 7, Admitted: 102, Own: []uint64{50, 40, 0}, Relayed: 12, Stopped: []int{2}, Ratio: 1.02},
+	}, {
 		name: "a restarted node: both incarnations of its peer ID count, each at its largest view",
 		views: []nodeUsage{
 			{Node: 0, PeerID: "a", OK: true, Slots: []httpapi.SlotJSON{slot("a", 1, 20), slot("a", 2, 15), slot("b", 1, 30)}},
@@ -105,19 +113,21 @@ func TestJudge(t *testing.T) {
 		worst:    0.9,
 	}, {
 		name:     "a short burst",
-		s:        summary{Scenario: "burst", BurstWant: 900, Bursts: []burstResult{{Key: "burst-1", Sent: 900, Allowed: 900}, {Key: "burst-2", Window: 9, Sent: 900, Allowed: 871, Reasons: map[string]int{"admitted": 871, "share": 29}}}},
+		s:        summary{Scenario: "burst", BurstWant: 900, Bursts: []burstResult{{Key: "burst-1", Sent: 900, Allowed: 900, Admitted: 900}, {Key: "burst-2", Window: 9, Sent: 900, Allowed: 871, Admitted: 872, Reasons: map[string]int{"admitted": 871, "share": 29}}}},
 		failures: []string{"burst on burst-2 in window 9 admitted 871 of 900"},
+		warnings: 1, // the servers counted 872
 	}, {
 		name:     "a burst scenario without a burst",
 		s:        summary{Scenario: "burst", BurstWant: 900},
 		failures: []string{"no burst was sent"},
 	}, {
 		name: "a burst scenario without a flood counts no windows and passes",
-		s:    summary{Scenario: "burst", BurstWant: 900, Bursts: []burstResult{{Sent: 900, Allowed: 900}}},
+		s:    summary{Scenario: "burst", BurstWant: 900, Bursts: []burstResult{{Sent: 900, Allowed: 900, Admitted: 900}}},
 		pass: true,
 	}, {
-		name:     "warnings: incomplete windows and a generator behind, still a pass",
-		s:        summary{Scenario: "soak", Windows: []windowCount{win(1, 100, 2)}, Load: loadReport{HotTarget: 1000, HotOffered: 500, FellBehind: true}},
+		name: "warnings: incomplete windows and a generator behind, still a pass",
+		s: summary{Scenario: "soak", Windows: []windowCount{win(1, 100, 2), {Window: 2, Admitted: 90, Ratio: 0.9, Stopped: []int{1}}, win(3, 95)},
+			Load: loadReport{HotTarget: 1000, HotOffered: 500, FellBehind: true}},
 		pass:     true,
 		warnings: 2,
 		worst:    1,

@@ -124,6 +124,9 @@ func windowLine(wc windowCount, limit uint64, bound float64) string {
 	if len(wc.Missing) > 0 {
 		s += fmt.Sprintf(", nodes %v did not answer", wc.Missing)
 	}
+	if len(wc.Stopped) > 0 {
+		s += fmt.Sprintf(", nodes %v stopped in it", wc.Stopped)
+	}
 	if float64(wc.Admitted) > bound*float64(limit) {
 		s += " OVER"
 	}

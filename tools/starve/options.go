@@ -49,7 +49,7 @@ func defaultOptions() options {
 		Flood:      10,               // the 10× flood on one hot key
 		Keys:       20000,            // the rotating keys
 		KeyRate:    200,              // rotating-key requests per second, on top of the flood
-		Workers:    32,               // keep-alive connections of the flood
+		Workers:    64,               // keep-alive connections of the flood: enough for 1000/s at 60 ms a request
 		PauseEvery: time.Second,      // mean gap between two pauses
 		Seed:       1,
 		Signal:     "kill", // a rolling restart by crash

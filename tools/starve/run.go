@@ -341,14 +341,20 @@ func (k *counter) run(ctx context.Context, rule, key string, limit uint64, from 
 	return out
 }
 
-// count asks every node for (rule, key) in window w, concurrently, each
-// until it answers or w+1 ends (a node paused or starved past it can no
-// longer tell), and sums them (countWindow). A node the harness stopped
-// before w began is not asked; one it stopped after is missing.
+// publishedAfter bounds how long after an admission a node has published
+// it: the longest pause (500 ms) plus a few sync intervals.
+const publishedAfter = 600 * time.Millisecond
+
+// count asks every running node for (rule, key) in window w,
+// concurrently, each until it answers or w+1 ends (a node paused or
+// starved past it can no longer tell), and sums them (countWindow). A
+// node the harness stopped is not asked; it is marked Stopped when it
+// stopped during w or within publishedAfter of its end.
 func (k *counter) count(ctx context.Context, rule, key string, w int64, limit uint64) windowCount {
 	n := len(k.c.members)
 	views := make([]nodeUsage, n)
 	deadline := time.UnixMilli((w+2)*k.wms - 20)
+	from, to := time.UnixMilli(w*k.wms), time.UnixMilli((w+1)*k.wms).Add(publishedAfter)
 	var wg sync.WaitGroup
 	for i := range n {
 		views[i].Node = i
@@ -356,8 +362,9 @@ func (k *counter) count(ctx context.Context, rule, key string, w int64, limit ui
 		m := k.c.members[i]
 		down, stopped, p := m.down, m.stopped, m.p
 		k.c.mu.Unlock()
+		views[i].Stopped = stopped.After(from) && stopped.Before(to)
 		if down {
-			views[i].Down = !stopped.After(time.UnixMilli(w * k.wms))
+			views[i].Down = true
 			continue
 		}
 		views[i].PeerID = p.ready.PeerID
