@@ -115,6 +115,8 @@ func (c *cluster) start(ctx context.Context, i int, boot string) (*proc, error) 
 	if c.cg != nil {
 		if err := c.cg.add(cmd.Process.Pid); err != nil {
 			_ = cmd.Process.Kill()
+			_, _ = io.Copy(io.Discard, stdout)
+			_, _ = io.Copy(io.Discard, stderr)
 			_ = cmd.Wait()
 			return nil, fmt.Errorf("node %d into cgroup %s: %w", i, c.cg.dir, err)
 		}
@@ -149,20 +151,26 @@ func (c *cluster) start(ctx context.Context, i int, boot string) (*proc, error) 
 			return nil, fmt.Errorf("node %d exited without a ready line (%v); its last lines:\n%s", i, cmd.ProcessState, c.tail(i))
 		}
 		if err := json.Unmarshal([]byte(line), &p.ready); err != nil || p.ready.API == "" || p.ready.PeerID == "" || len(p.ready.Addrs) == 0 {
-			_ = cmd.Process.Kill()
+			kill(p)
 			return nil, fmt.Errorf("node %d: ready line %q: %v", i, line, err)
 		}
 	case <-timer.C:
-		_ = cmd.Process.Kill()
+		kill(p)
 		return nil, fmt.Errorf("node %d: no ready line within 30 s; its last lines:\n%s", i, c.tail(i))
 	case <-ctx.Done():
-		_ = cmd.Process.Kill()
+		kill(p)
 		return nil, ctx.Err()
 	}
 	c.mu.Lock()
 	m.p, m.down, m.paused = p, false, false
 	c.mu.Unlock()
 	return p, nil
+}
+
+// kill kills p and waits for it to exit.
+func kill(p *proc) {
+	_ = p.cmd.Process.Kill()
+	<-p.done
 }
 
 // readStderr keeps node i's last lines and every skew line.

@@ -101,7 +101,7 @@ func (g *generator) run(ctx context.Context, hotRate float64, workers int, nKeys
 	}
 	if keyRate > 0 && nKeys > 0 {
 		var n atomic.Uint64
-		kw := max(1, min(16, int(keyRate/100)))
+		kw := max(2*len(g.c.members), min(32, int(keyRate/50))) // every node gets some
 		g.spawn(ctx, &g.keys, kw, func(uint64) []byte {
 			return fmt.Appendf(nil, `{"rule":%q,"key":"k-%d"}`, g.rule, n.Add(1)%uint64(nKeys))
 		})
