@@ -136,9 +136,10 @@ type summary struct {
 	SkewLines  []string      `json:"skew_lines"`
 	ElapsedSec float64       `json:"elapsed_s"`
 
-	Pass     bool     `json:"pass"`
-	Failures []string `json:"failures,omitempty"`
-	Warnings []string `json:"warnings,omitempty"`
+	Interrupted bool     `json:"interrupted,omitempty"`
+	Pass        bool     `json:"pass"`
+	Failures    []string `json:"failures,omitempty"`
+	Warnings    []string `json:"warnings,omitempty"`
 }
 
 // loadReport is what the generator offered and had answered.
@@ -170,7 +171,7 @@ type starveReport struct {
 }
 
 // judge sets the summary's totals and verdict from its windows and
-// bursts: it fails when a window admitted more than Bound × Limit, a burst
+// bursts, once (it adds to Failures and Warnings): it fails when a window admitted more than Bound × Limit, a burst
 // admitted fewer than BurstWant, no window was counted, or a node logged
 // a clock skew (the nodes share one host's clock, so any skew is false).
 // A generator that fell behind its target rate is a warning, not a
@@ -178,7 +179,6 @@ type starveReport struct {
 func (s *summary) judge() {
 	s.Counted, s.Over, s.Incomplete = len(s.Windows), 0, 0
 	s.WorstRatio, s.WorstWindow, s.MeanAdmitted = 0, 0, 0
-	s.Failures, s.Warnings = nil, nil
 	sort.Slice(s.Windows, func(i, j int) bool { return s.Windows[i].Window < s.Windows[j].Window })
 	var sum uint64
 	for i, w := range s.Windows {

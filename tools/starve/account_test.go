@@ -127,9 +127,9 @@ func TestJudge(t *testing.T) {
 	}, {
 		name: "warnings: incomplete windows and a generator behind, still a pass",
 		s: summary{Scenario: "soak", Windows: []windowCount{win(1, 100, 2), {Window: 2, Admitted: 90, Ratio: 0.9, Stopped: []int{1}}, win(3, 95)},
-			Load: loadReport{HotTarget: 1000, HotOffered: 500, FellBehind: true}},
+			Load: loadReport{HotTarget: 1000, HotOffered: 500, FellBehind: true}, Warnings: []string{"--cpu-max skipped: …"}},
 		pass:     true,
-		warnings: 2,
+		warnings: 3,
 		worst:    1,
 	}}
 	for _, tt := range tests {

@@ -5,7 +5,9 @@
 // admissions at the servers: after window W ends, every node's
 // GET /v1/usage?window=W, each node's own slot. It exits 0 when every
 // window stayed within --bound × --limit (and every burst was admitted
-// whole), 1 when not, 2 on bad flags or a failed setup.
+// whole), 1 when not, 2 on bad flags or a failed setup, 130 when
+// interrupted (SIGINT, SIGTERM) with no failure so far; it kills every
+// process it started before it exits.
 //
 //	go run ./tools/starve --scenario soak --duration 60s --busy 4 --pauses
 //	go run ./tools/starve --scenario rolling --busy 4 --pauses
@@ -59,8 +61,11 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	} else {
 		printSummary(stdout, s)
 	}
-	if !s.Pass {
+	switch {
+	case !s.Pass:
 		return 1
+	case s.Interrupted:
+		return 130
 	}
 	return 0
 }

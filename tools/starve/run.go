@@ -195,7 +195,8 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 		return nil, serr
 	}
 	if ctx.Err() != nil {
-		s.Warnings = append(s.Warnings, "interrupted")
+		s.Interrupted = true
+		s.Warnings = append(s.Warnings, fmt.Sprintf("interrupted after %.1f s: the windows so far", time.Since(began).Seconds()))
 	}
 	s.Windows = counted
 	s.Events = events
