@@ -108,6 +108,7 @@ type burstResult struct {
 	Failed   int            `json:"failed"`
 	Reasons  map[string]int `json:"reasons"`
 	TookMs   int64          `json:"took_ms"`
+	Pauses   []string       `json:"pauses,omitempty"` // the pauses that overlapped it
 }
 
 // summary is a run's result; judge fills Pass and Failures.
@@ -210,8 +211,8 @@ func (s *summary) judge() {
 	}
 	for _, b := range s.Bursts {
 		if b.Allowed < s.BurstWant {
-			s.Failures = append(s.Failures, fmt.Sprintf("burst on %s in window %d admitted %d of %d (want all %d): %v",
-				b.Key, b.Window, b.Allowed, b.Sent, s.BurstWant, b.Reasons))
+			s.Failures = append(s.Failures, fmt.Sprintf("burst on %s in window %d admitted %d of %d (want all %d): %v; pauses during it: %v",
+				b.Key, b.Window, b.Allowed, b.Sent, s.BurstWant, b.Reasons, b.Pauses))
 		}
 		if b.Failed == 0 && uint64(b.Allowed) != b.Admitted {
 			s.Warnings = append(s.Warnings, fmt.Sprintf("burst on %s: the servers counted %d admitted, the answers said %d",

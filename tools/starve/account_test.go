@@ -182,3 +182,18 @@ func TestWindowLine(t *testing.T) {
 		t.Errorf("windowLine:\n got %q\nwant %q", got, want)
 	}
 }
+
+func TestPauserDuring(t *testing.T) {
+	at := time.Unix(1000, 0)
+	p := &pauser{log: []pause{
+		{node: 0, start: at.Add(-300 * time.Millisecond), end: at.Add(-100 * time.Millisecond)}, // before
+		{node: 1, start: at.Add(-100 * time.Millisecond), end: at.Add(50 * time.Millisecond)},   // into it
+		{node: 2, start: at.Add(40 * time.Millisecond), end: at.Add(270 * time.Millisecond)},    // within
+		{node: 0, start: at.Add(400 * time.Millisecond), end: at.Add(600 * time.Millisecond)},   // after
+	}}
+	got := p.during(at, at.Add(300*time.Millisecond))
+	want := []string{"node 1 from -100ms for 150ms", "node 2 from +40ms for 230ms"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("during: %q, want %q", got, want)
+	}
+}

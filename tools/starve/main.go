@@ -100,8 +100,8 @@ func printSummary(w io.Writer, s *summary) {
 		fmt.Fprintf(w, "windows: none counted\n")
 	}
 	for _, b := range s.Bursts {
-		fmt.Fprintf(w, "burst %s (window %d): %d of %d admitted in %d ms, %d at the servers, %d failed, %v\n",
-			b.Key, b.Window, b.Allowed, b.Sent, b.TookMs, b.Admitted, b.Failed, b.Reasons)
+		fmt.Fprintf(w, "burst %s (window %d): %d of %d admitted in %d ms, %d at the servers, %d failed, %v; pauses during it: %v\n",
+			b.Key, b.Window, b.Allowed, b.Sent, b.TookMs, b.Admitted, b.Failed, b.Reasons, b.Pauses)
 	}
 	fmt.Fprintf(w, "skew lines (%q): %d\n", skewMarker, len(s.SkewLines))
 	for _, l := range s.SkewLines {

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"math/rand"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -29,6 +31,29 @@ type pauser struct {
 
 	pauses atomic.Int64 // pauses ended
 	paused atomic.Int64 // their total length, ns
+
+	mu  sync.Mutex
+	log []pause // the last 10000 pauses
+}
+
+// pause is one pause of one node.
+type pause struct {
+	node       int
+	start, end time.Time
+}
+
+// during describes the pauses that overlapped [from, to], relative to
+// from: "node 1 from +40ms for 230ms".
+func (p *pauser) during(from, to time.Time) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, x := range p.log {
+		if x.start.Before(to) && x.end.After(from) {
+			out = append(out, fmt.Sprintf("node %d from %+dms for %dms", x.node, x.start.Sub(from).Milliseconds(), x.end.Sub(x.start).Milliseconds()))
+		}
+	}
+	return out
 }
 
 // run pauses until ctx is done and leaves no process stopped.
@@ -66,6 +91,12 @@ func (p *pauser) run(ctx context.Context) {
 		p.c.mu.Unlock()
 		p.pauses.Add(1)
 		p.paused.Add(int64(time.Since(start)))
+		p.mu.Lock()
+		if len(p.log) == 10000 {
+			p.log = p.log[1:]
+		}
+		p.log = append(p.log, pause{node: i, start: start, end: time.Now()})
+		p.mu.Unlock()
 		if p.events != nil {
 			p.events("paused node %d for %v", i, time.Since(start).Round(time.Millisecond))
 		}

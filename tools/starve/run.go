@@ -181,7 +181,7 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 		}()
 	}
 
-	serr := runScenario(lctx, o, c, k, s, event, began)
+	serr := runScenario(lctx, o, c, k, pz, s, event, began)
 	stopLoad()
 	g.wait()
 	g.report(&s.Load, time.Duration(pz.paused.Load()))
@@ -220,7 +220,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // runScenario does the scenario's actions while the load runs, and
 // returns when the load should stop.
-func runScenario(ctx context.Context, o options, c *cluster, k *counter, s *summary, event func(string, ...any), began time.Time) error {
+func runScenario(ctx context.Context, o options, c *cluster, k *counter, pz *pauser, s *summary, event func(string, ...any), began time.Time) error {
 	start := time.Now()
 	switch o.Scenario {
 	case "soak":
@@ -285,7 +285,8 @@ func runScenario(ctx context.Context, o options, c *cluster, k *counter, s *summ
 				}
 				return err
 			}
-			b := burstResult{Key: key, Window: w, Sent: o.Burst, Allowed: allowed, Failed: failed, Reasons: reasons, TookMs: took.Milliseconds()}
+			b := burstResult{Key: key, Window: w, Sent: o.Burst, Allowed: allowed, Failed: failed, Reasons: reasons, TookMs: took.Milliseconds(),
+				Pauses: pz.during(at, at.Add(took))}
 			// What the servers counted in the burst's window and the next.
 			for _, x := range []int64{w, w + 1} {
 				if !sleepCtx(ctx, time.Until(time.UnixMilli((x+1)*wms+wms/2))) {
@@ -294,7 +295,7 @@ func runScenario(ctx context.Context, o options, c *cluster, k *counter, s *summ
 				b.Admitted += k.count(ctx, burstRule, key, x, uint64(o.BurstLimit)).Admitted
 			}
 			s.Bursts = append(s.Bursts, b)
-			event("burst %s in window %d: %d of %d admitted in %d ms (%d at the servers) %v", key, w, allowed, o.Burst, b.TookMs, b.Admitted, reasons)
+			event("burst %s in window %d: %d of %d admitted in %d ms (%d at the servers) %v; pauses during it: %v", key, w, allowed, o.Burst, b.TookMs, b.Admitted, reasons, b.Pauses)
 			if took > o.Window {
 				s.Warnings = append(s.Warnings, fmt.Sprintf("burst %s took %v, longer than a window", key, took.Round(time.Millisecond)))
 			}
