@@ -52,7 +52,6 @@ type cluster struct {
 	bin, cfg string
 	cg       *cgroup // nil: no CPU quota
 	http     *http.Client
-	logf     func(format string, args ...any)
 
 	mu      sync.Mutex
 	members []*member
@@ -64,8 +63,8 @@ type cluster struct {
 // beyond max_skew (node/runtime.go).
 const skewMarker = "beyond max_skew"
 
-func newCluster(bin, dir, cfg string, n int, cg *cgroup, logf func(string, ...any)) (*cluster, error) {
-	c := &cluster{bin: bin, cfg: cfg, cg: cg, logf: logf, http: &http.Client{Timeout: 5 * time.Second}, tails: make([][]string, n)}
+func newCluster(bin, dir, cfg string, n int, cg *cgroup) (*cluster, error) {
+	c := &cluster{bin: bin, cfg: cfg, cg: cg, http: &http.Client{Timeout: 5 * time.Second}, tails: make([][]string, n)}
 	for i := range n {
 		port, err := freePort()
 		if err != nil {

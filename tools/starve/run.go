@@ -113,7 +113,7 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 		}
 	}
 
-	c, err := newCluster(bin, dir, cfg, o.Nodes, cg, logf)
+	c, err := newCluster(bin, dir, cfg, o.Nodes, cg)
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +181,7 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 		}()
 	}
 
-	serr := runScenario(lctx, o, c, k, pz, s, event, began)
+	serr := runScenario(lctx, o, c, k, pz, s, event)
 	stopLoad()
 	g.wait()
 	g.report(&s.Load, time.Duration(pz.paused.Load()))
@@ -220,7 +220,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // runScenario does the scenario's actions while the load runs, and
 // returns when the load should stop.
-func runScenario(ctx context.Context, o options, c *cluster, k *counter, pz *pauser, s *summary, event func(string, ...any), began time.Time) error {
+func runScenario(ctx context.Context, o options, c *cluster, k *counter, pz *pauser, s *summary, event func(string, ...any)) error {
 	start := time.Now()
 	switch o.Scenario {
 	case "soak":
