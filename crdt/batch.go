@@ -70,6 +70,12 @@ const (
 	// refuses a batch carrying them); until then it publishes them
 	// untagged, for every receiver to merge.
 	FlagRepairs
+	// FlagSkipsUnknown announces a decoder that skips fields it does not
+	// know (DecodeBatch since issue 25) instead of refusing the batch.
+	// Decoders before it refuse any field added after them, so a sender
+	// adds a new field only once every receiver has announced this flag,
+	// or the field's own (docs/design.md, "Wire compatibility").
+	FlagSkipsUnknown
 )
 
 // ErrMalformed wraps every decoding and validation failure.

@@ -79,7 +79,7 @@ func futureBatches(t testing.TB) map[string]struct {
 	// A gossip batch with echoes and repairs of more elements.
 	g := heartbeat()
 	g.Seq = 9
-	g.Flags = crdt.FlagEcho | crdt.FlagRepairs | 1<<7
+	g.Flags = crdt.FlagEcho | crdt.FlagRepairs | crdt.FlagSkipsUnknown | 1<<30
 	g.Windows = windows(3)
 	g.Echoes = []crdt.Echo{{Peer: crdt.PeerTag("q"), Ago: 40, Held: 7}}
 	g.Repairs = []crdt.Repair{{Seq: 3, N: 2}}
