@@ -304,10 +304,14 @@ func DecodeBatch(data []byte) (*Batch, error) {
 		return nil, fmt.Errorf("%w: %d bytes, over the %d-byte cap", ErrMalformed, len(data), MaxBatchBytes)
 	}
 	var b Batch
-	if err := decMode.Unmarshal(data, &b); err != nil {
+	data, err := prepare(data)
+	if _, policy := err.(*policyError); policy {
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if err := checkKeys(data); err != nil {
+	if uerr := decMode.Unmarshal(data, &b); uerr != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, uerr)
+	}
+	if err != nil { // the walk found malformed CBOR the decoder took
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	if err := b.Validate(); err != nil {
