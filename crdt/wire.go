@@ -21,7 +21,8 @@ package crdt
 // batch's MaxBatchBytes, the decoder's nesting (maxNesting levels in all),
 // array (MaxEntries elements) and map (maxMapPairs pairs) limits, and its
 // refusal of tags and indefinite lengths, all checked for well-formedness
-// before anything is decoded; the library skips it without allocating.
+// before anything is decoded; the walk and the library skip it without
+// allocating. Trimming costs one copy of the batch, only when it is needed.
 
 import (
 	"errors"
