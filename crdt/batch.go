@@ -9,7 +9,9 @@ import (
 )
 
 // Version is the wire format version written into every Batch. A decoder
-// refuses any other.
+// refuses any other: a new version is a wire this one cannot read, and
+// travels on its own topic and streams (docs/design.md, "Wire
+// compatibility"). Adding a field is not a new version.
 const Version = 1
 
 // Bounds on a decoded batch. A batch beyond any of them is refused whole.
@@ -68,6 +70,12 @@ const (
 	// refuses a batch carrying them); until then it publishes them
 	// untagged, for every receiver to merge.
 	FlagRepairs
+	// FlagSkipsUnknown announces a decoder that skips fields it does not
+	// know (DecodeBatch since issue 25) instead of refusing the batch.
+	// Decoders before it refuse any field added after them, so a sender
+	// adds a new field only once every receiver has announced this flag,
+	// or the field's own (docs/design.md, "Wire compatibility").
+	FlagSkipsUnknown
 )
 
 // ErrMalformed wraps every decoding and validation failure.
@@ -251,15 +259,16 @@ func init() {
 		panic(err)
 	}
 	decMode, err = cbor.DecOptions{
-		DupMapKey:         cbor.DupMapKeyEnforcedAPF,
-		IndefLength:       cbor.IndefLengthForbidden,
-		TagsMd:            cbor.TagsForbidden,
-		MaxNestedLevels:   maxNesting,
-		MaxArrayElements:  MaxEntries,
-		MaxMapPairs:       16,
-		ExtraReturnErrors: cbor.ExtraDecErrorUnknownField,
-		UTF8:              cbor.UTF8RejectInvalid,
-		IntDec:            cbor.IntDecConvertNone,
+		DupMapKey:        cbor.DupMapKeyEnforcedAPF,
+		IndefLength:      cbor.IndefLengthForbidden,
+		TagsMd:           cbor.TagsForbidden,
+		MaxNestedLevels:  maxNesting,
+		MaxArrayElements: MaxEntries,
+		MaxMapPairs:      maxMapPairs,
+		UTF8:             cbor.UTF8RejectInvalid,
+		IntDec:           cbor.IntDecConvertNone,
+		// Unknown keys are skipped, not refused (no
+		// ExtraDecErrorUnknownField): checkKeys bounds them.
 	}.DecMode()
 	if err != nil {
 		panic(err)
@@ -282,17 +291,27 @@ func (b *Batch) Encode() ([]byte, error) {
 	return data, nil
 }
 
-// DecodeBatch decodes and validates one batch. It is strict and bounded:
-// unknown fields, duplicate map keys, indefinite lengths, tags, nesting
-// beyond a few levels, more than MaxEntries entries, an oversized input or
-// key, or any value that fails Validate return an error wrapping
-// ErrMalformed. It never panics.
+// DecodeBatch decodes and validates one batch. It is strict on what it
+// knows and bounded: a known field of the wrong type, a map key that is not
+// an unsigned integer, duplicate map keys, indefinite lengths, tags,
+// nesting beyond a few levels, more than MaxEntries entries, an oversized
+// input or key, or any value that fails Validate return an error wrapping
+// ErrMalformed. What a later version added — up to MaxUnknownKeys unknown
+// integer keys in each map, up to MaxExtraElements trailing elements in
+// each array-encoded entry — is skipped (wire.go). It never panics.
 func DecodeBatch(data []byte) (*Batch, error) {
 	if len(data) > MaxBatchBytes {
 		return nil, fmt.Errorf("%w: %d bytes, over the %d-byte cap", ErrMalformed, len(data), MaxBatchBytes)
 	}
 	var b Batch
-	if err := decMode.Unmarshal(data, &b); err != nil {
+	data, err := prepare(data)
+	if _, policy := err.(*policyError); policy {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if uerr := decMode.Unmarshal(data, &b); uerr != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, uerr)
+	}
+	if err != nil { // the walk found malformed CBOR the decoder took
 		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	if err := b.Validate(); err != nil {

@@ -3,6 +3,8 @@ package crdt_test
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -35,6 +37,19 @@ func FuzzDecodeBatch(f *testing.F) {
 	repairs.Repairs = []crdt.Repair{{Seq: 3, N: 2}, {Seq: 8, N: 1}}
 	for _, b := range []*crdt.Batch{full, hb, leaving, many, edge, echoes, repairs} {
 		f.Add(mustEncode(f, b))
+	}
+	// The golden corpus: every wire version's batches and the future ones
+	// (TestWireGolden).
+	files, err := filepath.Glob(filepath.Join(wireDir, "*.cbor"))
+	if err != nil || len(files) == 0 {
+		f.Fatalf("no golden batches in %s: %v", wireDir, err)
+	}
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
 	}
 	// An explicit empty array: decodes to an empty slice, re-encodes to
 	// nothing.

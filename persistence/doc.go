@@ -59,6 +59,20 @@
 //   - The incarnation is synced before the member serves, so a member
 //     never writes a slot value lower than one it wrote before.
 //
+// # Formats and older data directories
+//
+// Every store carries its format under /meta/format (ratemesh-store-2
+// now). A store of format 1 — every version before this one, fdd4fa5's
+// among them — has the same records but may come from before the members
+// a node knew were saved (/meta/peers), and a node that took its silence
+// for "no members" would be ready at once and decide alone beside its
+// peers. Open migrates a format 1 store that holds saved members; one
+// that holds none only with UpgradeUnknownMembers (ratemesh serve passes
+// it when it joins through --bootstrap), and refuses it otherwise with
+// ErrOldStore, an error naming the path and what to do. A store of a newer
+// format is refused (ErrNotStore), never opened as if empty.
+// testdata/fdd4fa5-datadir is such a data directory.
+//
 // # Bad disks
 //
 // Open refuses, with an error naming the path and the cause and never a

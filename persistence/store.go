@@ -45,6 +45,10 @@ var (
 	// cannot complete, say), and every call after it: the store is no
 	// longer usable and is not touched again.
 	ErrBroken = errors.New("persistence: store broken")
+	// ErrOldStore wraps Open's refusal of a store an older ratemesh wrote
+	// that this version cannot take as it is: one that does not record
+	// the members its node knew (see UpgradeUnknownMembers).
+	ErrOldStore = errors.New("persistence: store of an older version")
 )
 
 // ErrorLogInterval is the least time between two log lines of pebble's
@@ -56,8 +60,21 @@ const ErrorLogInterval = 10 * time.Second
 // files; the data directory may hold other files beside it.
 const StoreDir = "store"
 
-// format is written into every new store and checked at Open.
-const format = "ratemesh-store-1"
+// The store's formats, written under /meta/format and checked at Open.
+//
+// Format 2 records the members its node knew: a store of format 2
+// without /meta/peers is one whose node never knew a member. Format 1 is
+// the same layout, written by every version before it (fdd4fa5's among
+// them), but it may come from before the members were saved at all
+// (87f8fbc), so a format 1 store without /meta/peers says nothing about
+// them. Open migrates a format 1 store that holds /meta/peers at once;
+// one that holds none only with UpgradeUnknownMembers, and refuses it
+// otherwise (ErrOldStore): a node that took it for "no members" would be
+// ready at once and decide alone beside its peers.
+const (
+	format   = "ratemesh-store-2"
+	formatV1 = "ratemesh-store-1"
+)
 
 // The key layout. Window records sort by the mesh time from which they are
 // collected, so garbage collection reads only what it deletes.
@@ -96,8 +113,19 @@ type Store struct {
 type Option func(*options)
 
 type options struct {
-	log *slog.Logger
-	fs  vfs.FS // tests inject failures
+	log            *slog.Logger
+	fs             vfs.FS // tests inject failures
+	unknownMembers bool
+}
+
+// UpgradeUnknownMembers lets Open migrate a store of an older version that
+// does not record the members its node knew (format 1 without saved
+// members: fdd4fa5's, say). Pass it only when the node will not take the
+// store's silence for "no members": it joins through a bootstrap peer
+// (and so waits for the peer's relay and member table before it decides),
+// or it ran alone. Without it Open refuses such a store with ErrOldStore.
+func UpgradeUnknownMembers() Option {
+	return func(o *options) { o.unknownMembers = true }
 }
 
 // WithLogger sends pebble's errors to log (at error level, at most one
@@ -149,14 +177,22 @@ func Open(dir string, opts ...Option) (*Store, error) {
 	if s.dirInfo, err = os.Stat(path); err != nil {
 		err = fmt.Errorf("persistence: open %s: %w", path, err)
 	}
+	var migrate bool
 	if err == nil {
-		err = s.checkFormat()
+		migrate, err = s.checkFormat(o.unknownMembers)
 	}
 	if err == nil {
 		err = s.verify()
 	}
 	if info := corrupt.Load(); err == nil && info != nil {
 		err = fmt.Errorf("persistence: open %s: %w: %s: %v", path, ErrCorrupt, info.Path, info.Details)
+	}
+	if err == nil && migrate {
+		// Only a store that reads whole is migrated.
+		err = s.writeFormat()
+		if err == nil {
+			o.log.Info("persistence: migrated the store", "store", path, "from", formatV1, "to", format)
+		}
 	}
 	if err != nil {
 		_ = d.Close()
@@ -342,33 +378,57 @@ func (s *Store) present() error {
 }
 
 // checkFormat writes the format marker into a new store and refuses a
-// store of another format, or a non-empty store without one.
-func (s *Store) checkFormat() error {
+// store of another format, or a non-empty store without one. It reports
+// whether the store is of format 1 and may be migrated (see format).
+func (s *Store) checkFormat(unknownMembers bool) (migrate bool, err error) {
 	ctx := context.Background()
 	v, err := s.d.Get(ctx, keyFormat)
 	switch {
 	case errors.Is(err, ds.ErrNotFound):
 		res, err := s.d.Query(ctx, query.Query{KeysOnly: true, Limit: 1})
 		if err != nil {
-			return s.fail("open", err)
+			return false, s.fail("open", err)
 		}
 		ents, err := res.Rest()
 		if err != nil {
-			return s.fail("open", err)
+			return false, s.fail("open", err)
 		}
 		if len(ents) > 0 {
-			return fmt.Errorf("persistence: open %s: %w: it holds keys but no format marker", s.path, ErrNotStore)
+			return false, fmt.Errorf("persistence: open %s: %w: it holds keys but no format marker", s.path, ErrNotStore)
 		}
-		if err := s.d.Put(ctx, keyFormat, []byte(format)); err != nil {
-			return s.fail("open", err)
-		}
-		return s.fail("open", s.d.Sync(ctx, ds.RawKey("/")))
+		return false, s.writeFormat()
 	case err != nil:
-		return s.fail("open", err)
-	case string(v) != format:
-		return fmt.Errorf("persistence: open %s: %w: format %q, this version reads %q", s.path, ErrNotStore, v, format)
+		return false, s.fail("open", err)
+	case string(v) == format:
+		return false, nil
+	case string(v) == formatV1:
+		has, err := s.d.Has(ctx, keyPeers)
+		if err != nil {
+			return false, s.fail("open", err)
+		}
+		if has || unknownMembers {
+			return true, nil
+		}
+		return false, fmt.Errorf("persistence: open %s: %w: format %q does not record the members its node knew; "+
+			"taken as it is, a node restarted without --bootstrap would count itself alone and decide beside its peers. "+
+			"Start it with --bootstrap naming a live member: it joins through that peer and the store is migrated to %q. "+
+			"A node that ran alone has no member to name: move %s aside (the identity key beside it keeps the peer ID; "+
+			"the current windows' counts and its leases are lost)",
+			s.path, ErrOldStore, formatV1, format, s.path)
+	case strings.HasPrefix(string(v), "ratemesh-store-"):
+		return false, fmt.Errorf("persistence: open %s: %w: format %q is a newer ratemesh's, this version reads %q and %q: "+
+			"run that version, or restore a copy this one wrote", s.path, ErrNotStore, v, format, formatV1)
 	}
-	return nil
+	return false, fmt.Errorf("persistence: open %s: %w: format %q, this version reads %q", s.path, ErrNotStore, v, format)
+}
+
+// writeFormat writes this version's format marker and syncs it.
+func (s *Store) writeFormat() error {
+	ctx := context.Background()
+	if err := s.d.Put(ctx, keyFormat, []byte(format)); err != nil {
+		return s.fail("open", err)
+	}
+	return s.fail("open", s.d.Sync(ctx, keyFormat))
 }
 
 // verify reads every record once, so a corrupt table (pebble checks every

@@ -232,7 +232,11 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 	rules := append(append([]limiter.Rule(nil), cfg.Rules...), ex.desc.Rules()...)
 	plaus := mesh.NewPlausibility(rules)
 	mcfg.Plausible = plaus.Bound
-	store, err := persistence.Open(cfg.Node.DataDir, persistence.WithLogger(log))
+	opts := []persistence.Option{persistence.WithLogger(log)}
+	if len(cfg.Node.Bootstrap) > 0 { // it joins (node.Config.Join): an old store's silence on members is harmless
+		opts = append(opts, persistence.UpgradeUnknownMembers())
+	}
+	store, err := persistence.Open(cfg.Node.DataDir, opts...)
 	if err != nil {
 		return fmt.Errorf("node.data_dir: %w", err)
 	}
