@@ -186,14 +186,8 @@ func TestServeAllowlistedAdversary(t *testing.T) {
 		return true, ""
 	})
 
-	l := startLoad("hot", "k", 1000, ps, 5*limit, 6)
+	l := startLoad(t, "hot", "k", 1000, ps, 5*limit, 6)
 	from := time.Now()
-	finished := false
-	defer func() {
-		if !finished {
-			l.finish()
-		}
-	}()
 	time.Sleep(3 * time.Second) // the flood before the attack, not a wait for a condition
 	rssBefore := rssKB(t, ps[0].cmd.Process.Pid)
 
@@ -290,7 +284,6 @@ func TestServeAllowlistedAdversary(t *testing.T) {
 	rssAfter := rssKB(t, ps[0].cmd.Process.Pid)
 	to := time.Now()
 	outs, sent, failed := l.finish()
-	finished = true
 
 	windows, admitted := admittedPerWindow(outs, from, to)
 	t.Logf("%d requests, %d failed; admitted per whole window %v; member 0's RSS %d → %d kB; %d leases granted beside member 0's %d",

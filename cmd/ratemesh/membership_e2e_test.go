@@ -216,11 +216,13 @@ type load struct {
 
 	rr   atomic.Uint64
 	stop chan struct{}
+	once sync.Once // stop is closed once: finish may be called again
 	wg   sync.WaitGroup
 }
 
-func startLoad(rule, key string, windowMs int64, targets []*proc, rate float64, workers int) *load {
+func startLoad(t *testing.T, rule, key string, windowMs int64, targets []*proc, rate float64, workers int) *load {
 	l := &load{rule: rule, key: key, windowMs: windowMs, targets: slices.Clone(targets), stop: make(chan struct{})}
+	t.Cleanup(func() { l.finish() }) // a test that fails early stops it too
 	body := fmt.Sprintf(`{"rule":%q,"key":%q}`, rule, key)
 	every := time.Duration(float64(workers) / rate * float64(time.Second))
 	for w := range workers {
@@ -357,7 +359,7 @@ func (l *load) set(i int, p *proc) {
 // finish stops the load and returns every answer, the requests sent and
 // how many failed.
 func (l *load) finish() (outs []outcome, sent, failed int) {
-	close(l.stop)
+	l.once.Do(func() { close(l.stop) })
 	l.wg.Wait()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -677,14 +679,8 @@ func rollingRestart(t *testing.T, bin string, sig syscall.Signal) {
 	}
 	c.waitAlive(ps, 20*time.Second)
 
-	l := startLoad(rule, key, 1000, ps, rate, 48)
+	l := startLoad(t, rule, key, 1000, ps, rate, 48)
 	from := time.Now()
-	finished := false
-	defer func() {
-		if !finished {
-			l.finish()
-		}
-	}()
 	time.Sleep(2 * time.Second) // load before the first restart, not a wait for a condition
 	var restarts []string
 	var lastReady time.Time
@@ -718,7 +714,6 @@ func rollingRestart(t *testing.T, bin string, sig syscall.Signal) {
 	time.Sleep(time.Until(lastReady.Add(2 * time.Second))) // load after the last restart
 	to := time.Now()
 	outs, sent, failed := l.finish()
-	finished = true
 
 	windows, admitted := admittedPerWindow(outs, from, to)
 	el := to.Sub(from).Seconds()
@@ -780,14 +775,8 @@ rules:
 	ps = append(ps, c.start(1, "", "", "--bootstrap", ps[0].ready.Addrs[0]), c.start(2, "", "", "--bootstrap", ps[0].ready.Addrs[0]))
 	c.waitAlive(ps, 20*time.Second)
 
-	l := startLoad(rule, key, 1000, ps, 3*limit, 6)
+	l := startLoad(t, rule, key, 1000, ps, 3*limit, 6)
 	from := time.Now()
-	finished := false
-	defer func() {
-		if !finished {
-			l.finish()
-		}
-	}()
 	time.Sleep(3 * time.Second) // load before the crash, not a wait for a condition
 	killed := time.Now()
 	stop(t, ps[2], syscall.SIGKILL) // its traffic flowing, as in a crash
@@ -796,7 +785,6 @@ rules:
 	time.Sleep(time.Until(bound.Add(3 * time.Second))) // load until 3 s past the bound
 	to := time.Now()
 	outs, sent, failed := l.finish()
-	finished = true
 
 	windows, admitted := admittedPerWindow(outs, from, to)
 	answered := answeredPerWindow(outs)
@@ -866,14 +854,8 @@ func frozenMemberUnderStrict(t *testing.T, bin string) {
 		incs[p.PeerID] = p.Incarnation
 	}
 
-	l := startLoad(rule, key, 1000, ps, 3*limit, 6)
+	l := startLoad(t, rule, key, 1000, ps, 3*limit, 6)
 	from := time.Now()
-	finished := false
-	defer func() {
-		if !finished {
-			l.finish()
-		}
-	}()
 	time.Sleep(2 * time.Second) // load before the freeze, not a wait for a condition
 	// A frozen node's clients would wait on it; these go to the others.
 	l.set(2, nil)
@@ -896,7 +878,6 @@ func frozenMemberUnderStrict(t *testing.T, bin string) {
 	time.Sleep(2 * time.Second) // load after the rejoin
 	to := time.Now()
 	outs, sent, failed := l.finish()
-	finished = true
 
 	windows, admitted := admittedPerWindow(outs, from, to)
 	t.Logf("%d requests, %d failed; frozen at %s for %v; ready again %v after the thaw; admitted per whole window %v of answered %v (windows from %d)",

@@ -148,12 +148,8 @@ func (l *netlab) startIn(c *cluster, i int, extra ...string) *proc {
 // included.
 func incarnations(t *testing.T, p *proc) map[string]uint64 {
 	t.Helper()
-	var pr httpapi.PeersResponse
-	if status, err := p.get("/v1/peers", &pr); err != nil || status != 200 {
-		t.Fatalf("peers: %d %v", status, err)
-	}
-	out := make(map[string]uint64, len(pr.Peers))
-	for _, pj := range pr.Peers {
+	out := map[string]uint64{}
+	for _, pj := range peersOf(t, p) {
 		out[pj.PeerID] = pj.Incarnation
 	}
 	return out
@@ -185,14 +181,8 @@ func TestServePartitionHeal(t *testing.T) {
 	c.waitAlive(ps, 30*time.Second)
 	before := incarnations(t, ps[2])
 
-	l := startLoad(rule, key, 1000, ps, 3*limit, 6)
+	l := startLoad(t, rule, key, 1000, ps, 3*limit, 6)
 	from := time.Now()
-	finished := false
-	defer func() {
-		if !finished {
-			l.finish()
-		}
-	}()
 	time.Sleep(2 * time.Second) // load before the cut, not a wait for a condition
 	minority, majority := []int{0, 1}, []int{2, 3, 4}
 	lab.cut(minority)
@@ -205,7 +195,6 @@ func TestServePartitionHeal(t *testing.T) {
 	time.Sleep(3 * time.Second) // load after the heal
 	to := time.Now()
 	outs, sent, failed := l.finish()
-	finished = true
 
 	after := incarnations(t, ps[2])
 	for _, i := range majority {

@@ -152,12 +152,8 @@ func (p *proc) get(path string, out any) (int, error) {
 // states returns the member states p sees, by peer ID.
 func (p *proc) states(t *testing.T) map[string]string {
 	t.Helper()
-	var pr httpapi.PeersResponse
-	if status, err := p.get("/v1/peers", &pr); err != nil || status != 200 {
-		t.Fatalf("peers: %d %v", status, err)
-	}
-	out := make(map[string]string, len(pr.Peers))
-	for _, pj := range pr.Peers {
+	out := map[string]string{}
+	for _, pj := range peersOf(t, p) {
 		out[pj.PeerID] = pj.State
 	}
 	return out
