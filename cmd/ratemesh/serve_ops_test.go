@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -270,5 +272,21 @@ func TestFileWatchConfigMapSwap(t *testing.T) {
 	}
 	if !w.check() {
 		t.Error("the file's return is not seen")
+	}
+}
+
+// TestFrontHandlerBeforeStart: while the store and the transport open,
+// before the API exists, /livez says the process is alive and /readyz
+// and /healthz that it is not ready.
+func TestFrontHandlerBeforeStart(t *testing.T) {
+	var f frontHandler
+	for path, want := range map[string]string{"/livez": "200 joining", "/readyz": "503 joining", "/healthz": "503 joining", "/v1/allow": "503 "} {
+		rec := httptest.NewRecorder()
+		f.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		var h struct{ State string }
+		_ = json.Unmarshal(rec.Body.Bytes(), &h)
+		if got := fmt.Sprintf("%d %s", rec.Code, h.State); got != want {
+			t.Errorf("GET %s before the node starts: %s, want %s", path, got, want)
+		}
 	}
 }
