@@ -2,7 +2,8 @@
 // set.
 //
 //	ratemesh serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--grpc HOST:PORT] [--envoy-config PATH]
-//	               [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE]
+//	               [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE] [--pprof HOST:PORT] …
+//	               (every flag also reads RATEMESH_<FLAG>: RATEMESH_DATA_DIR)
 //	ratemesh demo [--duration D] [--limit N] [--json]
 //	ratemesh sim --scenario FILE [--seed N] [--out DIR] [--json]
 //	ratemesh check [--api ADDR] --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]
@@ -11,6 +12,7 @@
 //	ratemesh bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--grpc ADDR...] [--json]
 //	ratemesh validate --config FILE [--envoy-config PATH]
 //	ratemesh version                   # or ratemesh --version
+//	ratemesh help [COMMAND]            # a command's flags
 //
 // ADDR is HOST:PORT or a URL; check's and peers' default is $RATEMESH_API,
 // else 127.0.0.1:8080 (serve's). With --json, stdout carries only the JSON;
@@ -53,7 +55,7 @@ func commands() []command {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: ratemesh <command> [flags]    (ratemesh <command> --help for its flags)")
+	fmt.Fprintln(w, "usage: ratemesh <command> [flags]    (ratemesh help <command> for its flags)")
 	fmt.Fprintln(w, "commands:")
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.description)
