@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
@@ -222,6 +223,11 @@ type Config struct {
 	Warnings []string
 }
 
+// NoRulesWarning is Parse's warning about a file without a rules
+// section: it is valid (the built-in rule applies), and most often a
+// mistake (an empty ConfigMap, a misspelt key, the wrong file).
+const NoRulesWarning = "rules: the file names no rules, so only the built-in rule \"default\" (100 per second, sliding window) exists and every other rule name is unknown (404); add a rules section (one naming default, if that is the rule meant) to silence this"
+
 // DefaultRule returns the built-in rule used when the file names none:
 // `default`, 100 per second, sliding window.
 func DefaultRule() limiter.Rule {
@@ -296,6 +302,9 @@ func Parse(data []byte) (*Config, error) {
 		}
 	}
 	cfg := doc.cfg
+	if !doc.hasRules {
+		cfg.Warnings = append(cfg.Warnings, NoRulesWarning)
+	}
 	if doc.hasRules {
 		cfg.Rules = make([]limiter.Rule, len(doc.rules))
 		for i, r := range doc.rules {
@@ -457,8 +466,8 @@ func (n *Node) validate() []error {
 		if a == "" {
 			bad(fmt.Sprintf("node.bootstrap[%d]", i), "must not be empty")
 		}
-		if hp, ok := strings.CutPrefix(a, DNSPrefix); ok {
-			if _, _, err := SplitDNS(hp); err != nil {
+		if a != "" {
+			if err := CheckBootstrap(a); err != nil {
 				bad(fmt.Sprintf("node.bootstrap[%d]", i), "%q: %v", a, err)
 			}
 		}
@@ -574,6 +583,38 @@ func SplitDNS(hostPort string) (host string, port int, err error) {
 		return "", 0, fmt.Errorf("want dns:HOST:PORT with a host and a port from 1 to 65535")
 	}
 	return h, n, nil
+}
+
+// CheckBootstrap checks one bootstrap entry: a dns:HOST:PORT, or a
+// multiaddr ending in /p2p/<peer ID>. Its error says what was wrong and,
+// for a HOST:PORT or a multiaddr without the peer ID, what to write.
+func CheckBootstrap(entry string) error {
+	if hp, ok := strings.CutPrefix(entry, DNSPrefix); ok {
+		_, _, err := SplitDNS(hp)
+		return err
+	}
+	if !strings.HasPrefix(entry, "/") {
+		msg := "not a multiaddr or dns:HOST:PORT"
+		if host, port, err := net.SplitHostPort(entry); err == nil {
+			switch ip := net.ParseIP(host); {
+			case ip == nil:
+				msg += fmt.Sprintf("; try dns:%s:<API port> (every address %s resolves to) or /dns/%s/tcp/%s/p2p/<peer ID>", host, host, host, port)
+			case ip.To4() != nil:
+				msg += fmt.Sprintf("; try /ip4/%s/tcp/%s/p2p/<peer ID>", host, port)
+			default:
+				msg += fmt.Sprintf("; try /ip6/%s/tcp/%s/p2p/<peer ID>", host, port)
+			}
+		}
+		return errors.New(msg)
+	}
+	a, err := ma.NewMultiaddr(entry)
+	if err != nil {
+		return fmt.Errorf("not a multiaddr: %v", err)
+	}
+	if _, err := peer.AddrInfoFromP2pAddr(a); err != nil {
+		return fmt.Errorf("want a multiaddr ending in /p2p/<peer ID> (the peer's ID, as its ready line or ratemesh peers shows): %v", err)
+	}
+	return nil
 }
 
 // DNSBootstrap returns the HOST:PORT of every dns: bootstrap entry.

@@ -147,6 +147,8 @@ func TestAuthScopes(t *testing.T) {
 		{"GET", "/v1/usage?rule=big&key=k", "", apiauth.Admin},
 		{"GET", "/v1/peers", "", apiauth.Admin},
 		{"GET", "/healthz", "", apiauth.None},
+		{"GET", "/livez", "", apiauth.None},
+		{"GET", "/readyz", "", apiauth.None},
 		{"GET", "/metrics", "", apiauth.None},
 	} {
 		status, _, _ := call(t, c, ep.method, base+ep.path, "", ep.body)

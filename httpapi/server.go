@@ -116,6 +116,7 @@ func (s *Server) routes(metricsH http.Handler) *http.ServeMux {
 		"/v1/renew": s.renew, "/v1/release": s.release, "/v1/usage": s.usage,
 		"/v1/peers": s.peers, "/v1/peers/{peer_id}/evict": s.evict,
 		"/metrics": metricsH.ServeHTTP, "/healthz": s.health,
+		"/livez": s.live, "/readyz": s.health,
 	}
 	for _, rt := range Scopes(s.cfg.MetricsAuth) {
 		mux.HandleFunc(rt.Method+" "+rt.Path, s.authorize(rt, handlers[rt.Path]))
@@ -135,10 +136,10 @@ type Route struct {
 // Scopes returns every endpoint with the scope it needs when tokens are
 // configured (Config.Tokens): decisions and leases need decide; the
 // member table (/v1/peers), the per-member counts (/v1/usage: each
-// member's slot) and evict need admin; /healthz is open (load balancers
-// and orchestrators probe it without credentials, and it tells only
-// ready, joining or fenced), and so is /metrics unless metricsAuth, when
-// any valid token reads it.
+// member's slot) and evict need admin; /healthz, /livez and /readyz are
+// open (load balancers and orchestrators probe them without credentials,
+// and they tell only ready, joining or fenced), and so is /metrics unless
+// metricsAuth, when any valid token reads it.
 func Scopes(metricsAuth bool) []Route {
 	metrics := apiauth.None
 	if metricsAuth {
@@ -155,6 +156,8 @@ func Scopes(metricsAuth bool) []Route {
 		{http.MethodPost, "/v1/peers/{peer_id}/evict", apiauth.Admin},
 		{http.MethodGet, "/metrics", metrics},
 		{http.MethodGet, "/healthz", apiauth.None},
+		{http.MethodGet, "/livez", apiauth.None},
+		{http.MethodGet, "/readyz", apiauth.None},
 	}
 }
 
@@ -850,6 +853,9 @@ func (s *Server) evict(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct{}{})
 }
 
+// health answers /healthz and /readyz: 200 ready, 503 joining or fenced
+// (the member denies every decision), so a load balancer or a Kubernetes
+// readiness probe sends it no traffic.
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	h := s.cfg.Node.Health()
 	status := http.StatusServiceUnavailable
@@ -857,4 +863,13 @@ func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 		status = http.StatusOK
 	}
 	writeJSON(w, status, HealthResponse{State: h.String()})
+}
+
+// live answers /livez: 200 whenever the process serves its API, with the
+// member's state, joining and fenced included. A fenced or joining member
+// is healthy and waiting for its peers; restarting it (a liveness probe
+// on /healthz would) only makes it join again, in the middle of a
+// partition.
+func (s *Server) live(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, HealthResponse{State: s.cfg.Node.Health().String()})
 }

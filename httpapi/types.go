@@ -1,7 +1,7 @@
 // Package httpapi serves a node over HTTP: the JSON API of docs/http-api.md
 // (/v1/allow, /v1/wait, /v1/acquire, /v1/renew, /v1/release, /v1/usage,
-// /v1/peers, /v1/peers/{peer_id}/evict, /healthz) and Prometheus metrics on
-// /metrics, from its own registry.
+// /v1/peers, /v1/peers/{peer_id}/evict, /healthz, /livez, /readyz) and
+// Prometheus metrics on /metrics, from its own registry.
 //
 // The exported types below are the wire contract: the server encodes its
 // answers with them, and clients (ratemesh check, peers, bench) encode
@@ -119,10 +119,11 @@ type ErrorResponse struct {
 	Owner string `json:"owner,omitempty"`
 }
 
-// HealthResponse answers GET /healthz: state "ready" (200), "joining"
-// (503; also while rejoining after a partition healed) or "fenced" (503:
-// under the strict policy this node's side of a partition holds no
-// majority of the members).
+// HealthResponse answers GET /healthz and GET /readyz: state "ready"
+// (200), "joining" (503; also while rejoining after a partition healed) or
+// "fenced" (503: under the strict policy this node's side of a partition
+// holds no majority of the members). GET /livez answers it with 200 in
+// every state: the process serves.
 type HealthResponse struct {
 	State string `json:"state"`
 }

@@ -5,12 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/ratemesh/ratemesh/httpapi"
 )
 
-const checkUsage = "usage: ratemesh check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]"
+const checkUsage = "usage: ratemesh check [--api ADDR] --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]"
 
 // runCheck asks one node whether a request may proceed (POST /v1/allow) and
 // prints the decision. It exits 0 whenever the node answered, allowed or
@@ -19,7 +20,7 @@ const checkUsage = "usage: ratemesh check --api ADDR --rule NAME --key KEY [--co
 func runCheck(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("check", flag.ContinueOnError)
 	setUsage(fset, stderr)
-	api := fset.String("api", "", "the node's API, HOST:PORT or a URL")
+	api := fset.String("api", defaultAPI(os.Getenv), "the node's API, HOST:PORT or a URL (default $"+envName("api")+", else serve's own default)")
 	rule := fset.String("rule", "", "the rule to check against")
 	key := fset.String("key", "", "the key (account, API key, IP, …)")
 	cost := fset.Uint64("cost", 1, "credits the request costs (0 is a peek that consumes nothing)")

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratemesh/ratemesh/config"
 	"github.com/ratemesh/ratemesh/httpapi"
 )
 
@@ -73,6 +74,17 @@ func newHTTPClient(conns int, timeout time.Duration) *http.Client {
 
 // envToken is the clients' bearer token when --token is not given.
 const envToken = "RATEMESH_TOKEN"
+
+// defaultAPI is check's and peers' --api when none is given: the
+// variable serve reads its --api from (RATEMESH_API), else serve's own
+// default, so that on a node's host (or in its pod: kubectl exec) the
+// commands need no flag.
+func defaultAPI(getenv func(string) string) string {
+	if a := getenv(envName("api")); a != "" {
+		return a
+	}
+	return config.Default().Node.API
+}
 
 // clientAuth holds the flags an API client shares for a secured node:
 // --token (or RATEMESH_TOKEN), and TLS: --ca, --tls-cert and --tls-key

@@ -6,7 +6,6 @@ import (
 	"io"
 	"regexp"
 	"runtime"
-	"runtime/debug"
 	"strings"
 )
 
@@ -70,32 +69,8 @@ var version, commit string
 // versionLine is what `ratemesh version` prints: the module version, the
 // commit and the Go version.
 func versionLine() string {
-	v, c := version, commit
-	modified := false
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if v == "" {
-			v = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				if c == "" {
-					c = s.Value
-				}
-			case "vcs.modified":
-				modified = s.Value == "true"
-			}
-		}
-	}
-	if v == "" {
-		v = "(devel)"
-	}
-	if c == "" {
-		c = "unknown"
-	} else if modified && commit == "" {
-		c += "-dirty"
-	}
-	return fmt.Sprintf("ratemesh %s commit %s %s %s/%s", v, c, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	bi := readBuildInfo()
+	return fmt.Sprintf("ratemesh %s commit %s %s %s/%s", bi.Version, bi.Revision, bi.GoVersion, runtime.GOOS, runtime.GOARCH)
 }
 
 func runVersion(args []string, stdout, stderr io.Writer) int {

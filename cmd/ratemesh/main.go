@@ -2,17 +2,20 @@
 // set.
 //
 //	ratemesh serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--grpc HOST:PORT] [--envoy-config PATH]
-//	               [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE]
+//	               [--data-dir DIR] [--bootstrap MULTIADDR]... [--psk-file FILE] [--pprof HOST:PORT] …
+//	               (every flag also reads RATEMESH_<FLAG>: RATEMESH_DATA_DIR)
 //	ratemesh demo [--duration D] [--limit N] [--json]
 //	ratemesh sim --scenario FILE [--seed N] [--out DIR] [--json]
-//	ratemesh check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]
-//	ratemesh peers --api ADDR [--json]
-//	ratemesh peers evict PEER_ID --api ADDR
+//	ratemesh check [--api ADDR] --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]
+//	ratemesh peers [--api ADDR] [--json]
+//	ratemesh peers evict PEER_ID [--api ADDR]
 //	ratemesh bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--grpc ADDR...] [--json]
 //	ratemesh validate --config FILE [--envoy-config PATH]
 //	ratemesh version                   # or ratemesh --version
+//	ratemesh help [COMMAND]            # a command's flags
 //
-// ADDR is HOST:PORT or a URL. With --json, stdout carries only the JSON;
+// ADDR is HOST:PORT or a URL; check's and peers' default is $RATEMESH_API,
+// else 127.0.0.1:8080 (serve's). With --json, stdout carries only the JSON;
 // progress and logs go to stderr.
 package main
 
@@ -43,8 +46,8 @@ func commands() []command {
 		{"serve", serveUsage, "Run a peer: the HTTP API, the mesh, persistence, and optionally Envoy's rate limit service over gRPC.", runServe},
 		{"demo", "demo [--duration D] [--limit N] [--json]", "Start 3 nodes on loopback, offer 5x a limit and show whether the mesh holds it.", runDemo},
 		{"sim", "sim --scenario FILE [--seed N] [--out DIR] [--json]", "Simulate hundreds of nodes under a virtual clock and report accuracy and bandwidth.", runSim},
-		{"check", "check --api ADDR --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]", "Ask a node whether one request may proceed.", runCheck},
-		{"peers", "peers --api ADDR [--json] | peers evict PEER_ID --api ADDR", "Show a node's member table, or evict a silent member.", runPeers},
+		{"check", "check [--api ADDR] --rule NAME --key KEY [--cost N] [--type T --units N] [--class NAME] [--json]", "Ask a node whether one request may proceed.", runCheck},
+		{"peers", "peers [--api ADDR] [--json] | peers evict PEER_ID [--api ADDR]", "Show a node's member table, or evict a silent member.", runPeers},
 		{"bench", "bench --api ADDR... [--rule NAME] [--keys N] [--concurrency N] [--duration D] [--baseline D] [--grpc ADDR...] [--json]", "Measure decisions per second over HTTP (and over gRPC) against running nodes.", runBench},
 		{"validate", "validate --config FILE [--envoy-config PATH]", "Check a config file (and envoyproxy/ratelimit descriptor files) without starting: exit 0, or the errors naming the field.", runValidate},
 		{"version", "version", "Print the version, the commit and the Go version (also: ratemesh --version).", runVersion},
@@ -52,7 +55,7 @@ func commands() []command {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: ratemesh <command> [flags]    (ratemesh <command> --help for its flags)")
+	fmt.Fprintln(w, "usage: ratemesh <command> [flags]    (ratemesh help <command> for its flags)")
 	fmt.Fprintln(w, "commands:")
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.description)
@@ -74,6 +77,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "help", "-h", "--help":
+		if len(args) > 1 && args[0] == "help" {
+			return runHelp(args[1:], stdout, stderr)
+		}
 		usage(stdout)
 		return 0
 	case "--version", "-version":
@@ -85,6 +91,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	fmt.Fprintf(stderr, "ratemesh: unknown command %q\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+// runHelp prints a command's help (its synopsis, description and
+// flags) on stdout: ratemesh help serve.
+func runHelp(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "usage: ratemesh help [COMMAND]")
+		return 2
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			// Every command's --help prints its usage on its output
+			// and exits 0.
+			return c.run([]string{"--help"}, stdout, stdout)
+		}
+	}
+	fmt.Fprintf(stderr, "ratemesh help: unknown command %q\n", args[0])
 	usage(stderr)
 	return 2
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -13,14 +14,14 @@ import (
 	"github.com/ratemesh/ratemesh/httpapi"
 )
 
-const peersUsage = "usage: ratemesh peers --api ADDR [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]\n       ratemesh peers evict PEER_ID --api ADDR [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]"
+const peersUsage = "usage: ratemesh peers [--api ADDR] [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]\n       ratemesh peers evict PEER_ID [--api ADDR] [--json] [--token T] [--ca FILE] [--tls-cert FILE --tls-key FILE]"
 
 // runPeers prints a node's member table (GET /v1/peers), or with `evict
 // PEER_ID` removes a silent member at once (POST /v1/peers/{id}/evict).
 func runPeers(args []string, stdout, stderr io.Writer) int {
 	fset := flag.NewFlagSet("peers", flag.ContinueOnError)
 	setUsage(fset, stderr)
-	api := fset.String("api", "", "the node's API, HOST:PORT or a URL")
+	api := fset.String("api", defaultAPI(os.Getenv), "the node's API, HOST:PORT or a URL (default $"+envName("api")+", else serve's own default)")
 	asJSON := fset.Bool("json", false, "print only the node's JSON answer on stdout")
 	timeout := fset.Duration("timeout", 10*time.Second, "give up after this long")
 	auth := addClientAuth(fset)

@@ -33,7 +33,7 @@ import (
 	"github.com/ratemesh/ratemesh/persistence"
 )
 
-const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--allow-peer PEER_ID]... [--allow-peers-file FILE] [--allow-peers-dns NAME]... [--grpc HOST:PORT] [--envoy-config PATH] [--token-file FILE] [--tls-cert FILE --tls-key FILE [--client-ca FILE]] [--insecure-api] [--metrics-auth] [--log-format text|json]"
+const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--allow-peer PEER_ID]... [--allow-peers-file FILE] [--allow-peers-dns NAME]... [--grpc HOST:PORT] [--envoy-config PATH] [--token-file FILE] [--tls-cert FILE --tls-key FILE [--client-ca FILE]] [--insecure-api] [--metrics-auth] [--log-level LEVEL] [--log-format text|json] [--config-poll D] [--pprof HOST:PORT]"
 
 // ReadyLine is what serve prints on stdout once it serves: one JSON line.
 type ReadyLine struct {
@@ -50,29 +50,49 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-func runServe(args []string, stdout, stderr io.Writer) int {
+// serveOpts are serve's flags.
+type serveOpts struct {
+	cfgPath, api, dataDir, pskFile, allowFile, logLevel, logFormat string
+	grpcAddr, envoyCfg, tokenFile, tlsCert, tlsKey, clientCA       string
+	pprofAddr                                                      string
+	listen, bootstrap, allowPeers, allowDNS                        multiFlag
+	insecureAPI, metricsAuth                                       bool
+	configPoll                                                     time.Duration
+}
+
+// serveFlags returns serve's flag set, writing into o; each flag's help
+// names its environment variable (applyEnv).
+func serveFlags(stderr io.Writer, o *serveOpts) *flag.FlagSet {
 	fset := flag.NewFlagSet("serve", flag.ContinueOnError)
 	setUsage(fset, stderr)
-	cfgPath := fset.String("config", "", "YAML config `file` (docs/operations.md); flags override it")
-	var listen, bootstrap, allowPeers, allowDNS multiFlag
-	fset.Var(&listen, "listen", "libp2p listen `multiaddr` (repeatable; default /ip4/127.0.0.1/tcp/4001)")
-	api := fset.String("api", "", "HTTP API `host:port` (default 127.0.0.1:8080; port 0 picks one)")
-	dataDir := fset.String("data-dir", "", "data `dir` (default ./ratemesh-data)")
-	fset.Var(&bootstrap, "bootstrap", "peer `multiaddr` ending in /p2p/<id> to join, or dns:HOST:PORT to join every peer HOST resolves to (PORT: their API port) (repeatable)")
-	pskFile := fset.String("psk-file", "", "private network key `file` (swarm.key format)")
-	fset.Var(&allowPeers, "allow-peer", "`peer ID` that may be a member; with any --allow-peer* flag (or node.allow_peers*), only listed peers may connect (repeatable)")
-	allowFile := fset.String("allow-peers-file", "", "`file` of member peer IDs, one a line, # comments; re-read when it changes")
-	fset.Var(&allowDNS, "allow-peers-dns", "DNS `name` whose TXT records ratemesh-peer=<peer ID> list members; re-read every 10 s (repeatable)")
-	logLevel := fset.String("log-level", "info", "log `level`: debug, info, warn, error")
-	logFormat := fset.String("log-format", "text", "log `format` on stderr: text or json (one JSON object a line)")
-	grpcAddr := fset.String("grpc", "", "serve Envoy's rate limit service (gRPC) and gRPC health on `host:port` (port 0 picks one)")
-	envoyCfg := fset.String("envoy-config", "", "envoyproxy/ratelimit descriptor `path`: a YAML file or a directory of *.yaml")
-	tokenFile := fset.String("token-file", "", "API bearer tokens `file`: \"SCOPE TOKEN\" a line, scope decide or admin; re-read on change (api.token_file; also "+envAPITokens+")")
-	tlsCert := fset.String("tls-cert", "", "serve the HTTP API and gRPC over TLS with this PEM certificate `file` (api.tls_cert; with --tls-key); re-read on change")
-	tlsKey := fset.String("tls-key", "", "the PEM private key `file` of --tls-cert (api.tls_key)")
-	clientCA := fset.String("client-ca", "", "require client certificates signed by a CA of this PEM `file` (mutual TLS; api.client_ca)")
-	insecureAPI := fset.Bool("insecure-api", false, "allow a non-loopback --api or --grpc without tokens or client certificates (api.insecure)")
-	metricsAuth := fset.Bool("metrics-auth", false, "/metrics asks for a token too (api.metrics_auth)")
+	fset.StringVar(&o.cfgPath, "config", "", "YAML config `file` (docs/operations.md); flags override it")
+	fset.Var(&o.listen, "listen", "libp2p listen `multiaddr` (repeatable; default /ip4/127.0.0.1/tcp/4001)")
+	fset.StringVar(&o.api, "api", "", "HTTP API `host:port` (default 127.0.0.1:8080; port 0 picks one)")
+	fset.StringVar(&o.dataDir, "data-dir", "", "data `dir` (default ./ratemesh-data)")
+	fset.Var(&o.bootstrap, "bootstrap", "peer `multiaddr` ending in /p2p/<id> to join, or dns:HOST:PORT to join every peer HOST resolves to (PORT: their API port) (repeatable)")
+	fset.StringVar(&o.pskFile, "psk-file", "", "private network key `file` (swarm.key format)")
+	fset.Var(&o.allowPeers, "allow-peer", "`peer ID` that may be a member; with any --allow-peer* flag (or node.allow_peers*), only listed peers may connect (repeatable)")
+	fset.StringVar(&o.allowFile, "allow-peers-file", "", "`file` of member peer IDs, one a line, # comments; re-read when it changes")
+	fset.Var(&o.allowDNS, "allow-peers-dns", "DNS `name` whose TXT records ratemesh-peer=<peer ID> list members; re-read every 10 s (repeatable)")
+	fset.StringVar(&o.logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
+	fset.StringVar(&o.logFormat, "log-format", "text", "log `format` on stderr: text or json (one JSON object a line)")
+	fset.StringVar(&o.grpcAddr, "grpc", "", "serve Envoy's rate limit service (gRPC) and gRPC health on `host:port` (port 0 picks one)")
+	fset.StringVar(&o.envoyCfg, "envoy-config", "", "envoyproxy/ratelimit descriptor `path`: a YAML file or a directory of *.yaml")
+	fset.StringVar(&o.tokenFile, "token-file", "", "API bearer tokens `file`: \"SCOPE TOKEN\" a line, scope decide or admin; re-read on change (api.token_file; also "+envAPITokens+")")
+	fset.StringVar(&o.tlsCert, "tls-cert", "", "serve the HTTP API and gRPC over TLS with this PEM certificate `file` (api.tls_cert; with --tls-key); re-read on change")
+	fset.StringVar(&o.tlsKey, "tls-key", "", "the PEM private key `file` of --tls-cert (api.tls_key)")
+	fset.StringVar(&o.clientCA, "client-ca", "", "require client certificates signed by a CA of this PEM `file` (mutual TLS; api.client_ca)")
+	fset.BoolVar(&o.insecureAPI, "insecure-api", false, "allow a non-loopback --api or --grpc without tokens or client certificates (api.insecure)")
+	fset.BoolVar(&o.metricsAuth, "metrics-auth", false, "/metrics asks for a token too (api.metrics_auth)")
+	fset.DurationVar(&o.configPoll, "config-poll", defaultConfigPoll, "re-read --config when the file changes on disk (a Kubernetes ConfigMap update too), checking this often; 0: only on SIGHUP")
+	fset.StringVar(&o.pprofAddr, "pprof", "", "serve Go's profiler (/debug/pprof/) on its own `host:port`, loopback unless the host says otherwise (a non-loopback host needs --insecure-api); off by default")
+	fset.VisitAll(func(f *flag.Flag) { f.Usage += " [$" + envName(f.Name) + "]" })
+	return fset
+}
+
+func runServe(args []string, stdout, stderr io.Writer) int {
+	var o serveOpts
+	fset := serveFlags(stderr, &o)
 	if err := fset.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -83,59 +103,76 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: ratemesh "+serveUsage)
 		return 2
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "ratemesh serve: --log-level: %v\n", err)
+	fromEnv, err := applyEnv(fset, os.Getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
 		return 2
 	}
-	log, err := newLogger(stderr, *logFormat, level)
+	level, err := parseLevel(o.logLevel)
 	if err != nil {
-		fmt.Fprintf(stderr, "ratemesh serve: --log-format: %v\n", err)
+		fmt.Fprintf(stderr, "ratemesh serve: %s: %v\n", flagSource("log-level", fromEnv), err)
+		return 2
+	}
+	log, err := newLogger(stderr, o.logFormat, level)
+	if err != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: %s: %v\n", flagSource("log-format", fromEnv), err)
+		return 2
+	}
+	for _, b := range o.bootstrap {
+		if err := config.CheckBootstrap(b); err != nil {
+			fmt.Fprintf(stderr, "ratemesh serve: %s %s: %v\n", flagSource("bootstrap", fromEnv), b, err)
+			return 2
+		}
+	}
+	if o.configPoll < 0 {
+		fmt.Fprintf(stderr, "ratemesh serve: %s %v: must be 0 (off) or positive\n", flagSource("config-poll", fromEnv), o.configPoll)
 		return 2
 	}
 
 	cfg := config.Default()
-	if *cfgPath != "" {
-		c, err := config.Load(*cfgPath)
+	if o.cfgPath != "" {
+		c, err := config.Load(o.cfgPath)
 		if err != nil {
 			fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
 			return 1
 		}
 		cfg = *c
 	}
-	if len(listen) > 0 {
-		cfg.Node.Listen = listen
+	// The file as read: a reload compares the file with it, and leaves
+	// out what the flags and their variables decide.
+	ex := &serveExtras{file: cfg, overridden: overridden(fset), poll: o.configPoll}
+	if len(o.listen) > 0 {
+		cfg.Node.Listen = o.listen
 	}
-	if len(bootstrap) > 0 {
-		cfg.Node.Bootstrap = bootstrap
+	if len(o.bootstrap) > 0 {
+		cfg.Node.Bootstrap = o.bootstrap
 	}
-	if *api != "" {
-		cfg.Node.API = *api
+	if o.api != "" {
+		cfg.Node.API = o.api
 	}
-	if *dataDir != "" {
-		cfg.Node.DataDir = *dataDir
+	if o.dataDir != "" {
+		cfg.Node.DataDir = o.dataDir
 	}
-	if *pskFile != "" {
-		cfg.Node.PSKFile = *pskFile
+	if o.pskFile != "" {
+		cfg.Node.PSKFile = o.pskFile
 	}
-	ex := &serveExtras{file: cfg}
-	if len(allowPeers) > 0 {
-		cfg.Node.AllowPeers = allowPeers
+	if len(o.allowPeers) > 0 {
+		cfg.Node.AllowPeers = o.allowPeers
 	}
-	if *allowFile != "" {
-		cfg.Node.AllowPeersFile = *allowFile
+	if o.allowFile != "" {
+		cfg.Node.AllowPeersFile = o.allowFile
 	}
-	if len(allowDNS) > 0 {
-		cfg.Node.AllowPeersDNS = allowDNS
+	if len(o.allowDNS) > 0 {
+		cfg.Node.AllowPeersDNS = o.allowDNS
 	}
-	if *grpcAddr != "" {
-		cfg.Node.GRPC = *grpcAddr
+	if o.grpcAddr != "" {
+		cfg.Node.GRPC = o.grpcAddr
 	}
-	if *envoyCfg != "" {
-		cfg.Envoy.Config = *envoyCfg
+	if o.envoyCfg != "" {
+		cfg.Envoy.Config = o.envoyCfg
 	}
 	for _, f := range []struct{ flag, dst *string }{
-		{tokenFile, &cfg.API.TokenFile}, {tlsCert, &cfg.API.TLSCert}, {tlsKey, &cfg.API.TLSKey}, {clientCA, &cfg.API.ClientCA},
+		{&o.tokenFile, &cfg.API.TokenFile}, {&o.tlsCert, &cfg.API.TLSCert}, {&o.tlsKey, &cfg.API.TLSKey}, {&o.clientCA, &cfg.API.ClientCA},
 	} {
 		if *f.flag != "" {
 			*f.dst = *f.flag
@@ -144,13 +181,17 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	fset.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "insecure-api":
-			cfg.API.Insecure = *insecureAPI
+			cfg.API.Insecure = o.insecureAPI
 		case "metrics-auth":
-			cfg.API.MetricsAuth = *metricsAuth
+			cfg.API.MetricsAuth = o.metricsAuth
 		}
 	})
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
+		return 1
+	}
+	if ex.pprofAddr, err = pprofAddress(o.pprofAddr, cfg.API.Insecure); err != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: %s: %v\n", flagSource("pprof", fromEnv), err)
 		return 1
 	}
 	envTokens := os.Getenv(envAPITokens)
@@ -175,9 +216,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	routeLibraryLogs(*logFormat)
+	routeLibraryLogs(o.logFormat)
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, *cfgPath, ex, hup, stdout, log) }()
+	go func() { done <- serve(ctx, cfg, o.cfgPath, ex, hup, stdout, log) }()
 	select {
 	case err = <-done:
 	case <-ctx.Done():
@@ -323,7 +364,17 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 		shutdownHTTP()
 		return err
 	}
+	api.Registry().MustRegister(buildInfoCollector())
 	front.h.Store(api)
+	if ex.pprofAddr != "" {
+		stopPprof, err := startPprof(ex.pprofAddr, log)
+		if err != nil {
+			_ = n.Close()
+			shutdownHTTP()
+			return err
+		}
+		defer stopPprof()
+	}
 	grpcFront, err := startEnvoy(gln, n, api, ex.desc, ex.auth, log)
 	if err != nil {
 		_ = n.Close()
@@ -358,6 +409,18 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	wg.Add(1)
 	go func() { defer wg.Done(); watchRules(watchCtx, n, log) }()
+	// The config file is looked at every ex.poll; a SIGHUP reload takes
+	// the file as it is then as the new baseline, so the same change is
+	// not applied twice.
+	var watch *fileWatch
+	var poll <-chan time.Time
+	if cfgPath != "" && ex.poll > 0 {
+		watch = newFileWatch(cfgPath)
+		t := time.NewTicker(ex.poll)
+		defer t.Stop()
+		poll = t.C
+		log.Info("re-reading the config file when it changes", "path", cfgPath, "poll", ex.poll)
+	}
 
 	var serveErr error
 loop:
@@ -370,7 +433,15 @@ loop:
 			serveErr = fmt.Errorf("http: %w", err)
 			break loop
 		case <-hup:
+			if watch != nil {
+				watch.check()
+			}
 			reloadAll(n, api, grpcFront, plaus, cfgPath, ex, log)
+		case <-poll:
+			if watch.check() {
+				log.Info("the config file changed on disk; reloading as on SIGHUP", "path", cfgPath)
+				reloadAll(n, api, grpcFront, plaus, cfgPath, ex, log)
+			}
 		}
 	}
 	stopWatch()
@@ -452,7 +523,8 @@ func watchRules(ctx context.Context, n *node.Node, log *slog.Logger) {
 
 // frontHandler serves the API once the node has started (the API itself
 // says "joining" until the node is ready); before, while the store and
-// the transport start, /healthz says joining and everything else 503.
+// the transport start, /livez says 200 joining, /healthz and /readyz 503
+// joining, and everything else 503.
 type frontHandler struct {
 	h atomic.Pointer[httpapi.Server]
 }
@@ -463,9 +535,13 @@ func (f *frontHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if r.URL.Path == "/livez" { // the process serves: live, not ready
+		_ = json.NewEncoder(w).Encode(httpapi.HealthResponse{State: "joining"})
+		return
+	}
 	w.Header().Set("Retry-After", "1")
 	w.WriteHeader(http.StatusServiceUnavailable)
-	if r.URL.Path == "/healthz" {
+	if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
 		_ = json.NewEncoder(w).Encode(httpapi.HealthResponse{State: "joining"})
 		return
 	}

@@ -35,6 +35,13 @@ type serveExtras struct {
 	desc      *envoy.Descriptors
 	// auth is who may call the APIs (the api section).
 	auth *apiAuth
+	// overridden are the settings flags or their environment variables
+	// decide: a reload does not report them changed in the file.
+	overridden map[string]bool
+	// poll is how often the config file is checked for changes (0: off).
+	poll time.Duration
+	// pprofAddr is the profiler's listen address; empty: off.
+	pprofAddr string
 }
 
 // newLogger returns the daemon's logger: text or JSON lines on w.
@@ -205,7 +212,8 @@ func reloadAll(n *node.Node, api *httpapi.Server, front *envoyFront, plaus *mesh
 			log.Error("reload: keeping every rule", "err", err)
 			results = append(results, "failed")
 		default:
-			if ch := config.ChangedSettings(&ex.file, data); len(ch) > 0 {
+			ch := slices.DeleteFunc(config.ChangedSettings(&ex.file, data), func(s string) bool { return ex.overridden[s] })
+			if len(ch) > 0 {
 				log.Warn("reload: these settings changed in the file and apply only after a restart", "settings", ch)
 			}
 			var errs []error
