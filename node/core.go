@@ -107,6 +107,10 @@ type Stats struct {
 	// Persistence (see Persister): flushes written, entries (window
 	// records and leases) they carried, and flushes that failed.
 	PersistFlushes, PersistEntries, PersistErrors uint64
+	// ClockSamplesRejected counts clock samples (one-way and round
+	// trips) refused as taken across a stall: their delay was far above
+	// the peer's recent least (docs/design.md, "Mesh time").
+	ClockSamplesRejected uint64
 }
 
 // Core is one member of the mesh as a pure state machine: requests, inbound
@@ -240,7 +244,11 @@ func (c *Core) Alive() (alive, live int) { return c.members.nAlive, c.members.n 
 func (c *Core) Fenced() bool { return c.members.fenced }
 
 // Stats returns a copy of the counters.
-func (c *Core) Stats() Stats { return c.stats }
+func (c *Core) Stats() Stats {
+	s := c.stats
+	s.ClockSamplesRejected = c.clock.rejected
+	return s
+}
 
 // Members returns N, the live members (alive and suspect, self included),
 // and the partition scale applied to every limit.
@@ -262,7 +270,17 @@ func (c *Core) Container() *crdt.Container { return c.c }
 // other slots are only ever in full-state batches whose values the
 // transport has verified. Step never fails on content it can ignore; it
 // returns an error only for a batch that claims this member's own peer ID.
+// Step is shorthand for StepReceived(now, now, b).
 func (c *Core) Step(now time.Time, b *crdt.Batch) error {
+	return c.StepReceived(now, now, b)
+}
+
+// StepReceived is Step for a batch that arrived at received, before now:
+// a runtime that queues batches stamps their arrival at its edge, so the
+// time a batch waited in its queue is not taken for delay on the path
+// (mesh time's samples use received; everything else now). A zero
+// received, or one after now, means now.
+func (c *Core) StepReceived(now, received time.Time, b *crdt.Batch) error {
 	if c.closed {
 		return ErrClosed
 	}
@@ -316,7 +334,10 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	}
 	m.lastHeard = now
 	m.rulesHash = b.RulesHash
-	c.clock.step(now, m, b)
+	if received.IsZero() || received.After(now) {
+		received = now
+	}
+	c.clock.step(received, m, b)
 	if b.Has(crdt.FlagLeaving) {
 		c.setState(m, Left)
 	} else if m.state != Alive && m.state != Left {

@@ -43,7 +43,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock is the local clock. Nil means time.Now. Tests may inject a
 	// clock that runs at real speed with an offset; timers (ticks, Wait)
-	// run on real time whatever the clock says.
+	// run on real time whatever the clock says. It is read from the
+	// transport's goroutines too (Inbound.At), so it must be safe for
+	// concurrent use.
 	Clock func() time.Time
 	// LeaveTimeout bounds how long Close spends publishing the leave.
 	LeaveTimeout time.Duration
@@ -193,7 +195,16 @@ type Node struct {
 	fwdBusy map[string]struct{} // guarded by mu: rules and keys with a lottery forward under way
 
 	held, heldAdmitted, heldDenied, forwards atomic.Uint64 // HoldStats
+
+	// The run loop's note of clock samples refused (see tick): how many
+	// it last logged, and when.
+	rejLogged uint64
+	rejLogAt  time.Time
 }
+
+// rejectLogEvery is how often at most the run loop logs clock samples
+// refused as taken across a stall.
+const rejectLogEvery = time.Minute
 
 // Start starts a member: it takes the incarnation max(persisted + 1, unix
 // ms) and saves it durably before serving, starts the transport, and
@@ -290,6 +301,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 type handler struct{ n *Node }
 
 func (h handler) HandleBatch(in Inbound) {
+	if in.At.IsZero() {
+		in.At = h.n.clock()
+	}
 	select {
 	case h.n.inbox <- in:
 	case <-h.n.quit:
@@ -487,7 +501,7 @@ func (n *Node) step(in Inbound) {
 	n.mu.Lock()
 	now := n.readClock()
 	for i := 1; ; i++ {
-		if err := n.core.Step(now, in.Batch); err != nil {
+		if err := n.core.StepReceived(now, in.At, in.Batch); err != nil {
 			n.log.Error("merge", "from", in.Batch.From.String(), "err", err)
 		}
 		more := false
@@ -584,6 +598,7 @@ func (n *Node) tick() time.Duration {
 	now := n.readClock()
 	n.retune(now)
 	rd := n.core.Tick(now)
+	rejected := n.core.clock.rejected
 	if len(n.waiters) > 0 {
 		n.wake(now) // acknowledgements applied, leases expired, windows turned: decide held requests again
 	}
@@ -631,6 +646,11 @@ func (n *Node) tick() time.Duration {
 			n.log.Info("joined")
 		}
 		n.markReady()
+	}
+	if rejected > n.rejLogged && (n.rejLogAt.IsZero() || now.Sub(n.rejLogAt) >= rejectLogEvery) {
+		n.log.Warn("clock samples taken across a stall refused; mesh time holds its last good estimate (a loaded host or a slow peer)",
+			"refused", rejected-n.rejLogged, "total", rejected)
+		n.rejLogged, n.rejLogAt = rejected, now
 	}
 	if sk := rd.Skew; sk != nil {
 		if sk.Exceeded {
