@@ -53,6 +53,9 @@ type Ready struct {
 	// Skew, when not nil, reports that the clock offset to the mesh went
 	// beyond max_skew or came back within it since the last Tick.
 	Skew *SkewChange
+	// Stale, when not nil, reports that this member's view turned stale
+	// or fresh again since the last Tick (see Core.Stale).
+	Stale *StaleChange
 	// NextTick is when Tick next has timed work to do (Tick only; zero
 	// otherwise). Tick at least every SyncInterval all the same.
 	NextTick time.Time
@@ -157,8 +160,11 @@ type Core struct {
 	// began before it (membership.go).
 	reclaimHold reclaimHold
 
-	// gated is !join.joined || members.fenced: the one test on the
-	// decision path.
+	// stale: whether the members this one hears have acknowledged it
+	// lately (stale.go).
+	stale staleState
+	// gated is !join.joined || members.fenced, or a stale view under
+	// strict: the one test on the decision path.
 	gated bool
 	// envBase is the decisions' limiter.Env but for NowMs, kept by
 	// recount (one copy per decision instead of building a five-field
@@ -562,6 +568,7 @@ func (c *Core) Tick(now time.Time) Ready {
 	c.noteFence(now)
 	c.clock.tick(now, c.members.order)
 	c.out.acked(ackFrontier(c.members.order))
+	c.restale(now)
 	c.expireLeases(now)
 	if c.join.tick(now, c.cfg.JoinTimeout) {
 		c.regate()
@@ -595,6 +602,7 @@ func (c *Core) Tick(now time.Time) Ready {
 		rd.Fence = c.members.fenceChange()
 	}
 	rd.Skew = c.clock.skewChange()
+	rd.Stale = c.staleChange()
 	rd.NextTick = c.out.nextSync
 	return rd
 }

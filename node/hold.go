@@ -108,6 +108,7 @@ func (c *Core) retryAllow(d *limiter.Decision, now time.Time, rule, key string, 
 		c.reclaimHold.apply(l.Rule(), &env)
 	}
 	*d = l.Decide(ch, env)
+	c.staleReason(d)
 	if d.Reason != limiter.ReasonKeyCap {
 		*counted = l.RecordRetry(ch, d.Allowed, env.NowMs, *counted)
 	}

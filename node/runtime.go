@@ -647,6 +647,14 @@ func (n *Node) tick() time.Duration {
 		}
 		n.markReady()
 	}
+	if st := rd.Stale; st != nil {
+		if st.Stale {
+			n.log.Error("view stale: the members this node hears have not acknowledged its batches lately; denying every decision under strict, holding to its share under available, until they do",
+				"lagging", st.Lagging, "members", st.Live, "strict", n.cfg.Policy == Strict)
+		} else {
+			n.log.Warn("view fresh again: the members acknowledge this node's batches", "members", st.Live)
+		}
+	}
 	if rejected > n.rejLogged && (n.rejLogAt.IsZero() || now.Sub(n.rejLogAt) >= rejectLogEvery) {
 		n.log.Warn("clock samples taken across a stall refused; mesh time holds its last good estimate (a loaded host or a slow peer)",
 			"refused", rejected-n.rejLogged, "total", rejected)
