@@ -27,8 +27,8 @@ import (
 //     limit is scaled to 1/N, and the denials that causes say stale.
 //
 // A member has acknowledged us lately if its acknowledgement watermark
-// (Batch.Ack) is younger than staleAfter, or it echoed our clock (a
-// round trip, crdt.Echo) within that time. The watermark alone is not
+// (Batch.Ack) is less than staleAfter behind ours, or it echoed our clock
+// (a round trip, crdt.Echo) within that time. The watermark alone is not
 // enough: it is the least over every member the peer holds alive, and
 // once the peer turns us suspect it moves on without us. So once stale,
 // only an echo of ours taken after the view turned stale clears a member
@@ -88,7 +88,7 @@ func (c *Core) restale(now time.Time) {
 	after := c.cfg.staleAfter()
 	nowMs, epochMs := now.UnixMilli(), c.clock.epochMs
 	e := floorDiv(nowMs, epochMs)
-	meshNow := c.MeshMs(now)
+	ourW := watermark(ms.order)
 	afterMs := after.Milliseconds()
 	epochs := max(afterMs/epochMs-1, 0) // an echo in epoch e − epochs or later came within afterMs
 	lagging := 0
@@ -97,7 +97,7 @@ func (c *Core) restale(now time.Time) {
 			if m.state != Alive || m.evicted || now.Sub(m.lastHeard) >= after {
 				continue
 			}
-			if !c.ackedBy(m, meshNow, afterMs, e, epochs) {
+			if !c.ackedBy(m, ourW, afterMs, e, epochs) {
 				lagging++
 			}
 		}
@@ -114,16 +114,20 @@ func (c *Core) restale(now time.Time) {
 }
 
 // ackedBy reports whether m has acknowledged this member lately: its
-// watermark is younger than afterMs at mesh time meshNow, or it echoed
-// our clock in epoch e − epochs or later; once stale, only
-// an echo taken after the view turned stale counts (see the comment at
-// the top). A member that has heard nobody yet (watermark 0) is not
-// awaited.
-func (c *Core) ackedBy(m *member, meshNow, afterMs, e, epochs int64) bool {
+// watermark is less than afterMs behind ours (ourW), or it echoed our
+// clock in epoch e − epochs or later; once stale, only an echo taken
+// after the view turned stale counts (see the comment at the top).
+//
+// A watermark is the least over every member its author holds alive, so
+// it lags for a member that fell silent to everyone (a partition), not
+// only for us; ours lags with it then, and comparing the two leaves only
+// what m has not heard of us. A member that has heard nobody yet
+// (watermark 0) is not awaited.
+func (c *Core) ackedBy(m *member, ourW, afterMs, e, epochs int64) bool {
 	if c.stale.on && c.clock.echoOK {
 		return m.rt.hasCur && m.rt.epoch > c.stale.sinceEpoch
 	}
-	return m.ackW == 0 || meshNow-m.ackW < afterMs || (m.rt.hasCur && m.rt.epoch >= e-epochs)
+	return m.ackW == 0 || ourW-m.ackW < afterMs || (m.rt.hasCur && m.rt.epoch >= e-epochs)
 }
 
 // staleChange returns the change of the view's staleness since the last
