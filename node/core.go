@@ -160,6 +160,10 @@ type Core struct {
 	// began before it (membership.go).
 	reclaimHold reclaimHold
 
+	// unpub counts, per rule, the credits admitted since the last batch;
+	// overBudget: one is past its publish budget (budget.go).
+	unpub      map[*limiter.Limiter]*unpublished
+	overBudget bool
 	// stale: whether the members this one hears have acknowledged it
 	// lately (stale.go).
 	stale staleState

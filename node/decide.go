@@ -115,6 +115,7 @@ func (c *Core) allowInto(d *limiter.Decision, now time.Time, rule, key string, r
 	}
 	c.staleReason(d)
 	c.count(d)
+	c.noteRequest(l, d, req)
 	return nil
 }
 
@@ -203,10 +204,14 @@ func (c *Core) allowAll(now time.Time, checks []Check, counted []int64) (allowed
 		case ds[i].Reason == limiter.ReasonKeyCap:
 		case counted == nil:
 			ls[i].Record(chs[i], allowed, env.NowMs)
+			if allowed {
+				c.noteRequest(ls[i], &ds[i], &checks[i].Request)
+			}
 		default:
 			counted[i] = ls[i].RecordRetry(chs[i], allowed, env.NowMs, counted[i])
 			if allowed {
 				c.count(&ds[i])
+				c.noteRequest(ls[i], &ds[i], &checks[i].Request)
 			}
 		}
 		if !allowed && ds[i].Allowed {
