@@ -116,8 +116,12 @@ func (k *meshClock) step(now time.Time, m *member, b *crdt.Batch) {
 	for _, e := range b.Echoes {
 		if e.Peer == k.selfTag {
 			// t1 = our Clock it echoes, t2 = when it arrived, t3 = b.Clock.
-			if _, ok := m.rtSample(b.Clock-e.Ago, b.Clock-int64(e.Held), b.Clock, nowMs, epochMs, k.lim); !ok {
+			plausible, ok := m.rtSample(b.Clock-e.Ago, b.Clock-int64(e.Held), b.Clock, nowMs, epochMs, k.lim)
+			if !ok {
 				k.rejected++
+			}
+			if plausible {
+				m.heardUsMs = nowMs
 			}
 			break
 		}
@@ -253,10 +257,13 @@ type peerClock struct {
 	// clockMs is the estimate of the member's raw clock minus ours that
 	// mesh time uses: from round trips when the member echoes our clock,
 	// from one-way samples otherwise.
-	clockMs  int64
-	oneWayMs int64       // the one-way estimate alone, as of the latest sample
-	oneWay   clockWindow // one-way samples: their Clock − our raw clock at receipt
-	rt       clockWindow // round trips (NTP samples) of our batches they echoed
+	clockMs int64
+	// heardUsMs is our raw clock when the member last echoed our clock
+	// (a plausible round trip, believed or not): proof that it hears us
+	// and counts us a member (it echoes only members it steps). 0: never.
+	heardUsMs int64
+	oneWay    clockWindow // one-way samples: their Clock − our raw clock at receipt
+	rt        clockWindow // round trips (NTP samples) of our batches they echoed
 	// fwdMs is the forward delay (member to us) the latest fresh round trip
 	// measured: the round-trip estimate minus the one-way one. When round
 	// trips go stale (a big mesh echoes each member rarely) the one-way
@@ -286,6 +293,14 @@ type peerClock struct {
 	hasEchoed   bool
 	echoes      bool // its latest batch set crdt.FlagEcho: it understands echoes
 	repairs     bool // its latest batch set crdt.FlagRepairs: it understands repair tags
+}
+
+// oneWayEstimate returns the one-way estimate alone as of the latest
+// sample: the least-delayed one-way sample of that sample's epoch and the
+// one before.
+func (p *peerClock) oneWayEstimate() int64 {
+	b, _ := p.oneWay.best(p.oneWay.epoch)
+	return b.off
 }
 
 // clockSample records one one-way clock sample (their Clock − our raw
@@ -362,9 +377,6 @@ func (p *peerClock) estimate(e int64) {
 	ow, okOW := p.oneWay.best(e)
 	rt, okRT := p.rt.best(e)
 	p.clockRT = okRT
-	if okOW {
-		p.oneWayMs = ow.off
-	}
 	switch {
 	case okRT && okOW:
 		p.clockMs = max(rt.off, ow.off)

@@ -30,17 +30,20 @@ import (
 // (Batch.Ack) is less than staleAfter behind ours, or it echoed our clock
 // (a round trip, crdt.Echo) within that time. The watermark alone is not
 // enough: it is the least over every member the peer holds alive, and
-// once the peer turns us suspect it moves on without us. So once stale,
-// only an echo of ours taken after the view turned stale clears a member
-// (while every live member understands echoes; else the watermark does).
+// once the peer turns us suspect, or evicts us, it moves on without us.
+// A peer echoes only members it steps, each at least every n − 1 of its
+// batches, so a peer that has echoed us before but not within
+// (n − 1)·heartbeat + staleAfter no longer counts us, whatever its
+// watermark says; and once stale, only an echo since clears a member
+// (both while every live member understands echoes).
 
 // staleState is whether this member's view is stale, since when, and
 // what the last staleChange reported. The zero value is not stale.
 type staleState struct {
-	on         bool
-	sinceEpoch int64 // the clock epoch (of our raw clock) it turned stale in
-	seen       bool  // on as of the last staleChange
-	lagging    int   // members heard lately that had not acknowledged us, as of restale
+	on      bool
+	sinceMs int64 // our raw clock when it turned stale
+	seen    bool  // on as of the last staleChange
+	lagging int   // members heard lately that had not acknowledged us, as of restale
 }
 
 // StaleChange is a change of this member's view (Ready.Stale): Stale
@@ -81,30 +84,31 @@ func (c *Core) wake(now time.Time) {
 
 // restale decides at now whether this member's view is stale: whether
 // the members it heard within staleAfter that have not acknowledged it
-// within staleAfter are half its live members or more. Members it has not
-// heard lately are left to the membership rules (suspect, fence).
+// lately are half its live members or more. Members it has not heard
+// lately are left to the membership rules (suspect, fence).
 func (c *Core) restale(now time.Time) {
 	ms := &c.members
 	after := c.cfg.staleAfter()
-	nowMs, epochMs := now.UnixMilli(), c.clock.epochMs
-	e := floorDiv(nowMs, epochMs)
+	nowMs := now.UnixMilli()
 	ourW := watermark(ms.order)
 	afterMs := after.Milliseconds()
-	epochs := max(afterMs/epochMs-1, 0) // an echo in epoch e − epochs or later came within afterMs
+	// A member echoes each member it hears at least every n − 1 of its
+	// batches, and sends one at least every heartbeat (meshClock).
+	echoMs := int64(ms.n-1)*c.cfg.Heartbeat.Milliseconds() + afterMs
 	lagging := 0
 	if ms.n > 1 {
 		for _, m := range ms.order {
 			if m.state != Alive || m.evicted || now.Sub(m.lastHeard) >= after {
 				continue
 			}
-			if !c.ackedBy(m, ourW, afterMs, e, epochs) {
+			if !c.ackedBy(m, nowMs, ourW, afterMs, echoMs) {
 				lagging++
 			}
 		}
 	}
 	on := ms.n > 1 && 2*lagging >= ms.n
 	if on && !c.stale.on {
-		c.stale.sinceEpoch = e
+		c.stale.sinceMs = nowMs
 	}
 	c.stale.lagging = lagging
 	if on != c.stale.on {
@@ -113,21 +117,31 @@ func (c *Core) restale(now time.Time) {
 	}
 }
 
-// ackedBy reports whether m has acknowledged this member lately: its
-// watermark is less than afterMs behind ours (ourW), or it echoed our
-// clock in epoch e − epochs or later; once stale, only an echo taken
-// after the view turned stale counts (see the comment at the top).
+// ackedBy reports whether m has acknowledged this member lately, at our
+// raw time nowMs: its watermark is less than afterMs behind ours (ourW),
+// or it echoed our clock within afterMs; and, if it ever echoed our
+// clock, it did so within echoMs, every member's longest gap between two
+// echoes of one member it hears (while every live member understands
+// echoes). Once stale, only an echo since the view turned stale counts.
 //
 // A watermark is the least over every member its author holds alive, so
 // it lags for a member that fell silent to everyone (a partition), not
 // only for us; ours lags with it then, and comparing the two leaves only
-// what m has not heard of us. A member that has heard nobody yet
-// (watermark 0) is not awaited.
-func (c *Core) ackedBy(m *member, ourW, afterMs, e, epochs int64) bool {
-	if c.stale.on && c.clock.echoOK {
-		return m.rt.hasCur && m.rt.epoch > c.stale.sinceEpoch
+// what m has not heard of us. But a member that turned us suspect, or
+// evicted us, moves its watermark on without us: only its echoes, which
+// it sends only to members it steps, show that it still counts us. A
+// member that has heard nobody yet (watermark 0) is not awaited.
+func (c *Core) ackedBy(m *member, nowMs, ourW, afterMs, echoMs int64) bool {
+	echoed := func(within int64) bool { return m.heardUsMs != 0 && nowMs-m.heardUsMs < within }
+	if c.clock.echoOK {
+		if c.stale.on {
+			return m.heardUsMs > c.stale.sinceMs
+		}
+		if m.heardUsMs != 0 && !echoed(echoMs) {
+			return false
+		}
 	}
-	return m.ackW == 0 || ourW-m.ackW < afterMs || (m.rt.hasCur && m.rt.epoch >= e-epochs)
+	return m.ackW == 0 || ourW-m.ackW < afterMs || echoed(afterMs)
 }
 
 // staleChange returns the change of the view's staleness since the last

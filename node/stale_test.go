@@ -132,3 +132,60 @@ func TestCoreStaleAvailableHoldsToShare(t *testing.T) {
 		t.Errorf("last denial's reason %v, want stale", last.Reason)
 	}
 }
+
+// TestCoreStaleWhenNotCounted isolates member 0 of three (strict) for
+// 2.5 s: the others turn it suspect (their watermarks move on without it)
+// and it fences. Then it hears them again, but they still do not hear it
+// (its output stalled). Its fence lifts; their watermarks look fresh, as
+// they no longer await it. Before, it then decided as one of three while
+// they held it suspect and would reclaim it. Now the members that echoed
+// it before but have not lately do not count as acknowledging it: once it
+// serves again, it is stale.
+func TestCoreStaleWhenNotCounted(t *testing.T) {
+	const seed = 37
+	reportSeed(t, seed)
+	net := cluster(t, 3, seed, apiRule(limiter.FixedWindow, 1_000_000), func(c *node.CoreConfig) {
+		// Serve again 1 s after the fence lifts, before the others
+		// reclaim member 0 (reclaim_after 5 s of silence).
+		c.Policy, c.JoinTimeout = node.Strict, time.Second
+	})
+	net.Delay = 2 * time.Millisecond
+	start := net.Now()
+	deaf, mute := false, false // others do not hear 0; 0 does not hear the others
+	net.Filter = func(from, to int, _ *crdt.Batch) bool {
+		return !(deaf && from == 0) && !(mute && to == 0)
+	}
+	k := 0
+	busy := func(time.Time) {
+		k = (k + 1) % 3
+		if _, err := net.Core(k).Allow(net.Local(k), "api", "k", limiter.Request{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, net, 2*time.Second, busy)
+	deaf, mute = true, true
+	run(t, net, 2500*time.Millisecond, busy)
+	if !net.Core(0).Fenced() {
+		t.Fatal("member 0 not fenced after 2.5 s alone")
+	}
+	mute = false
+	served := false
+	run(t, net, 2*time.Second, func(now time.Time) {
+		busy(now)
+		c := net.Core(0)
+		if !c.Ready() || c.Fenced() {
+			return
+		}
+		served = true
+		d, err := c.Allow(net.Local(0), "api", "k", limiter.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			t.Fatalf("member 0 at %v, heard by nobody for %v: admitted (stale %v)", now.Sub(start), now.Sub(start)-2*time.Second, c.Stale())
+		}
+	})
+	if !served {
+		t.Fatalf("member 0 never served again (ready %v, fenced %v): nothing checked", net.Core(0).Ready(), net.Core(0).Fenced())
+	}
+}
