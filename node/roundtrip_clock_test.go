@@ -279,3 +279,30 @@ func TestCoreClockStallSameClocks(t *testing.T) {
 		t.Error("member 0 refused no clock sample")
 	}
 }
+
+// TestStepReceivedSamplesAtArrival steps a batch 600 ms after it arrived
+// (it queued in the runtime's inbox): the clock sample is taken at its
+// arrival, so the one-way estimate of a peer whose clock equals ours is
+// the 2 ms it travelled, not the 602 ms until it was stepped; stepped
+// with Step at the later time, it would have been −602 ms.
+func TestStepReceivedSamplesAtArrival(t *testing.T) {
+	rules := apiRule(limiter.FixedWindow, 1000)
+	a := newCore(t, "a", t0, rules, nil)
+	b := newCore(t, "b", t0, rules, nil)
+	bs := b.Tick(t0).Messages
+	if len(bs) == 0 {
+		t.Fatal("b's first Tick sent nothing")
+	}
+	arrived := t0.Add(2 * time.Millisecond)
+	stepped := arrived.Add(600 * time.Millisecond)
+	for _, m := range bs {
+		if err := a.StepReceived(stepped, arrived, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range a.Peers(stepped) {
+		if p.Peer == "b" && p.ClockOneWay != -2*time.Millisecond {
+			t.Errorf("one-way estimate of b: %v, want -2ms (the path, not the queue)", p.ClockOneWay)
+		}
+	}
+}
