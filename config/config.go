@@ -160,6 +160,9 @@ type Mesh struct {
 	ReclaimAfter    time.Duration
 	PartitionPolicy node.Policy
 	MaxSkew         time.Duration
+	// PublishBudget: see node.CoreConfig.PublishBudget; 0 means 0.1,
+	// negative turns it off.
+	PublishBudget float64
 }
 
 // CoreConfig returns base with the section's settings applied: the
@@ -175,6 +178,7 @@ func (m *Mesh) CoreConfig(base node.CoreConfig) node.CoreConfig {
 	base.ReclaimAfter = m.ReclaimAfter
 	base.Policy = m.PartitionPolicy
 	base.MaxSkew = m.MaxSkew
+	base.PublishBudget = m.PublishBudget
 	return base
 }
 
@@ -267,6 +271,7 @@ func Default() Config {
 			EvictAfter:      cc.EvictAfter,
 			PartitionPolicy: cc.Policy,
 			MaxSkew:         cc.MaxSkew,
+			PublishBudget:   cc.PublishBudget,
 		},
 		Rules: []limiter.Rule{r},
 	}
@@ -534,6 +539,8 @@ func (m *Mesh) validate() []error {
 		bad("mesh.reclaim_after", "must not be negative, got %v", m.ReclaimAfter)
 	case m.ReclaimAfter > 0 && m.ReclaimAfter < cc.MinReclaimAfter():
 		bad("mesh.reclaim_after", "%v leaves a minority too little time to fence itself: at least suspect_after + heartbeat + 2 × sync_interval + max_skew = %v", m.ReclaimAfter, cc.MinReclaimAfter())
+	case m.PublishBudget > 1:
+		bad("mesh.publish_budget", "%v is not a fraction of the share: at most 1 (negative: off)", m.PublishBudget)
 	}
 	switch m.PartitionPolicy {
 	case node.Strict, node.Available:
@@ -655,7 +662,8 @@ func ChangedSettings(running *Config, data []byte) []string {
 		{"mesh.heartbeat", a.Mesh.Heartbeat, b.Mesh.Heartbeat}, {"mesh.repair_interval", a.Mesh.RepairInterval, b.Mesh.RepairInterval},
 		{"mesh.suspect_after", a.Mesh.SuspectAfter, b.Mesh.SuspectAfter}, {"mesh.dead_after", a.Mesh.DeadAfter, b.Mesh.DeadAfter},
 		{"mesh.evict_after", a.Mesh.EvictAfter, b.Mesh.EvictAfter}, {"mesh.partition_policy", a.Mesh.PartitionPolicy, b.Mesh.PartitionPolicy},
-		{"mesh.max_skew", a.Mesh.MaxSkew, b.Mesh.MaxSkew}, {"envoy.config", a.Envoy.Config, b.Envoy.Config},
+		{"mesh.max_skew", a.Mesh.MaxSkew, b.Mesh.MaxSkew}, {"mesh.publish_budget", a.Mesh.PublishBudget, b.Mesh.PublishBudget},
+		{"envoy.config", a.Envoy.Config, b.Envoy.Config},
 		{"api.token_file", a.API.TokenFile, b.API.TokenFile}, {"api.tls_cert", a.API.TLSCert, b.API.TLSCert},
 		{"api.tls_key", a.API.TLSKey, b.API.TLSKey}, {"api.client_ca", a.API.ClientCA, b.API.ClientCA},
 		{"api.insecure", a.API.Insecure, b.API.Insecure}, {"api.metrics_auth", a.API.MetricsAuth, b.API.MetricsAuth},

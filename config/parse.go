@@ -148,7 +148,8 @@ func meshFields(m *Mesh) fields {
 			}
 			return err
 		},
-		"max_skew": duration(&m.MaxSkew),
+		"max_skew":       duration(&m.MaxSkew),
+		"publish_budget": fraction(&m.PublishBudget),
 	}
 }
 

@@ -24,12 +24,13 @@ const (
 	ReasonUnlimited                // an unlimited class: admitted, counted
 	ReasonSuppressed               // mode suppress: the key's demand is over its limit and this request fell outside the admitted fraction
 	ReasonFenced                   // strict policy: this member's side of a partition holds no majority
+	ReasonStale                    // this member's view is stale: a majority has not acknowledged its batches lately
 )
 
 // NumReasons is the number of reasons: every Reason is below it.
-const NumReasons = int(ReasonFenced) + 1
+const NumReasons = int(ReasonStale) + 1
 
-var reasonNames = [NumReasons]string{"admitted", "limit", "share", "cost", "key_cap", "joining", "unlimited", "suppressed", "fenced"}
+var reasonNames = [NumReasons]string{"admitted", "limit", "share", "cost", "key_cap", "joining", "unlimited", "suppressed", "fenced", "stale"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

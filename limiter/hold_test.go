@@ -9,7 +9,7 @@ import (
 )
 
 func TestReasonNames(t *testing.T) {
-	want := []string{"admitted", "limit", "share", "cost", "key_cap", "joining", "unlimited", "suppressed", "fenced"}
+	want := []string{"admitted", "limit", "share", "cost", "key_cap", "joining", "unlimited", "suppressed", "fenced", "stale"}
 	for r := range NumReasons {
 		if got := Reason(r).String(); got != want[r] {
 			t.Errorf("Reason(%d) = %q, want %q", r, got, want[r])

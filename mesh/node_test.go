@@ -86,19 +86,6 @@ func shortMembership(c *node.CoreConfig) {
 	c.DeadAfter = time.Second
 	c.EvictAfter = time.Minute
 	c.Policy = node.Strict
-	if raceEnabled {
-		// The majority's reclaim assumes batches arrive within max_skew
-		// of when they were sent (docs/design.md, margins). Under the race
-		// detector on a loaded 2-core host, delivery after the heal lags
-		// by more than a second (merged state identical 1.3 s after it),
-		// so the majority reclaimed a rejoined member it had not heard
-		// from in time while that member still decided as one of five:
-		// 668 of 500 in one window. Without the race detector the test
-		// reclaims at 1.14 s as configured; under it the partition ends
-		// before any reclaim and the fence and the scaled limit are what
-		// it checks.
-		c.ReclaimAfter = 10 * time.Second
-	}
 }
 
 // TestNodesPartitionStrict cuts five members into {0,1} and {2,3,4} —

@@ -88,6 +88,28 @@ type CoreConfig struct {
 	// for measuring what mesh time buys (the simulator's clock-skew
 	// comparison); the zero value, false, keeps mesh time on.
 	LocalClock bool
+	// PublishBudget bounds what a SIGKILL can lose: the credits of one
+	// rule this member may admit and not yet have published, as a
+	// fraction of its share of the limit (limit / live members). Past it
+	// the runtime publishes before it answers (Core.OverBudget). 0 means
+	// the default, 0.1; a negative value turns the bound off (changes
+	// wait for the leading edge or the sync tick, as before); at most 1.
+	PublishBudget float64
+}
+
+// defaultPublishBudget is PublishBudget's default: a kill loses at most a
+// tenth of the killed member's share of a window (plus one request).
+const defaultPublishBudget = 0.1
+
+// publishBudget is PublishBudget with its zero value resolved; 0: off.
+func (c *CoreConfig) publishBudget() float64 {
+	switch {
+	case c.PublishBudget < 0:
+		return 0
+	case c.PublishBudget == 0:
+		return defaultPublishBudget
+	}
+	return c.PublishBudget
 }
 
 // MinReclaimAfter is the shortest ReclaimAfter the other settings allow.
@@ -123,6 +145,7 @@ func DefaultCoreConfig() CoreConfig {
 		Policy:         Strict,                 // never over the limit by default
 		JoinTimeout:    3 * time.Second,        // serve with what we have after this
 		MaxSkew:        500 * time.Millisecond, // beyond this, clocks need fixing
+		PublishBudget:  defaultPublishBudget,   // a kill loses at most a tenth of a share
 	}
 }
 
@@ -163,6 +186,9 @@ func (c *CoreConfig) validate() error {
 		return bad("reclaim_after", "must not be negative, got %v", c.ReclaimAfter)
 	case c.ReclaimAfter > 0 && c.ReclaimAfter < c.minReclaim():
 		return bad("reclaim_after", "%v leaves a minority too little time to fence itself: at least suspect_after + heartbeat + 2 × sync_interval + max_skew = %v", c.ReclaimAfter, c.minReclaim())
+	}
+	if c.PublishBudget > 1 || c.PublishBudget != c.PublishBudget {
+		return bad("publish_budget", "%v is not a fraction of the share: at most 1 (negative: off)", c.PublishBudget)
 	}
 	switch c.Policy {
 	case Strict, Available:

@@ -53,6 +53,9 @@ type Ready struct {
 	// Skew, when not nil, reports that the clock offset to the mesh went
 	// beyond max_skew or came back within it since the last Tick.
 	Skew *SkewChange
+	// Stale, when not nil, reports that this member's view turned stale
+	// or fresh again since the last Tick (see Core.Stale).
+	Stale *StaleChange
 	// NextTick is when Tick next has timed work to do (Tick only; zero
 	// otherwise). Tick at least every SyncInterval all the same.
 	NextTick time.Time
@@ -107,6 +110,10 @@ type Stats struct {
 	// Persistence (see Persister): flushes written, entries (window
 	// records and leases) they carried, and flushes that failed.
 	PersistFlushes, PersistEntries, PersistErrors uint64
+	// ClockSamplesRejected counts clock samples (one-way and round
+	// trips) refused as taken across a stall: their delay was far above
+	// the peer's recent least (docs/design.md, "Mesh time").
+	ClockSamplesRejected uint64
 }
 
 // Core is one member of the mesh as a pure state machine: requests, inbound
@@ -153,8 +160,15 @@ type Core struct {
 	// began before it (membership.go).
 	reclaimHold reclaimHold
 
-	// gated is !join.joined || members.fenced: the one test on the
-	// decision path.
+	// unpub counts, per rule, the credits admitted since the last batch;
+	// overBudget: one is past its publish budget (budget.go).
+	unpub      map[*limiter.Limiter]*unpublished
+	overBudget bool
+	// stale: whether the members this one hears have acknowledged it
+	// lately (stale.go).
+	stale staleState
+	// gated is !join.joined || members.fenced, or a stale view under
+	// strict: the one test on the decision path.
 	gated bool
 	// envBase is the decisions' limiter.Env but for NowMs, kept by
 	// recount (one copy per decision instead of building a five-field
@@ -240,7 +254,11 @@ func (c *Core) Alive() (alive, live int) { return c.members.nAlive, c.members.n 
 func (c *Core) Fenced() bool { return c.members.fenced }
 
 // Stats returns a copy of the counters.
-func (c *Core) Stats() Stats { return c.stats }
+func (c *Core) Stats() Stats {
+	s := c.stats
+	s.ClockSamplesRejected = c.clock.rejected
+	return s
+}
 
 // Members returns N, the live members (alive and suspect, self included),
 // and the partition scale applied to every limit.
@@ -262,7 +280,17 @@ func (c *Core) Container() *crdt.Container { return c.c }
 // other slots are only ever in full-state batches whose values the
 // transport has verified. Step never fails on content it can ignore; it
 // returns an error only for a batch that claims this member's own peer ID.
+// Step is shorthand for StepReceived(now, now, b).
 func (c *Core) Step(now time.Time, b *crdt.Batch) error {
+	return c.StepReceived(now, now, b)
+}
+
+// StepReceived is Step for a batch that arrived at received, before now:
+// a runtime that queues batches stamps their arrival at its edge, so the
+// time a batch waited in its queue is not taken for delay on the path
+// (mesh time's samples use received; everything else now). A zero
+// received, or one after now, means now.
+func (c *Core) StepReceived(now, received time.Time, b *crdt.Batch) error {
 	if c.closed {
 		return ErrClosed
 	}
@@ -316,7 +344,10 @@ func (c *Core) Step(now time.Time, b *crdt.Batch) error {
 	}
 	m.lastHeard = now
 	m.rulesHash = b.RulesHash
-	c.clock.step(now, m, b)
+	if received.IsZero() || received.After(now) {
+		received = now
+	}
+	c.clock.step(received, m, b)
 	if b.Has(crdt.FlagLeaving) {
 		c.setState(m, Left)
 	} else if m.state != Alive && m.state != Left {
@@ -541,6 +572,7 @@ func (c *Core) Tick(now time.Time) Ready {
 	c.noteFence(now)
 	c.clock.tick(now, c.members.order)
 	c.out.acked(ackFrontier(c.members.order))
+	c.restale(now)
 	c.expireLeases(now)
 	if c.join.tick(now, c.cfg.JoinTimeout) {
 		c.regate()
@@ -574,6 +606,7 @@ func (c *Core) Tick(now time.Time) Ready {
 		rd.Fence = c.members.fenceChange()
 	}
 	rd.Skew = c.clock.skewChange()
+	rd.Stale = c.staleChange()
 	rd.NextTick = c.out.nextSync
 	return rd
 }

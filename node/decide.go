@@ -38,9 +38,21 @@ func (c *Core) RuleNames() []string {
 	return names
 }
 
+// env returns the decisions' limiter.Env at now. Every decision path
+// takes it before it looks at gated: after a stall of this member's own
+// (no Tick for suspect_after) it runs the wake-up's membership pass
+// first, so no decision uses the membership of before the stall (see
+// stale.go); while the view is stale under available, the limit is
+// scaled to this member's share.
 func (c *Core) env(now time.Time) limiter.Env {
+	if now.Sub(c.lastTick) >= c.cfg.SuspectAfter && !c.lastTick.IsZero() && !c.closed {
+		c.wake(now)
+	}
 	e := c.envBase
 	e.NowMs = c.MeshMs(now)
+	if c.stale.on {
+		c.staleScale(&e)
+	}
 	return e
 }
 
@@ -101,7 +113,9 @@ func (c *Core) allowInto(d *limiter.Decision, now time.Time, rule, key string, r
 	if err := l.AllowInto(d, key, req, &env); err != nil {
 		return err
 	}
+	c.staleReason(d)
 	c.count(d)
+	c.noteRequest(l, d, req)
 	return nil
 }
 
@@ -118,11 +132,15 @@ func (c *Core) count(d *limiter.Decision) {
 func (c *Core) gate(l *limiter.Limiter, ch limiter.Check, now time.Time, env limiter.Env) limiter.Decision {
 	d := l.Rule().Decide(ch.Limit, 0, limiter.Usage{}, env, 0)
 	d.Allowed, d.Shadow, d.Remaining = false, false, 0
-	if !c.join.joined {
+	switch {
+	case !c.join.joined:
 		d.Reason = limiter.ReasonJoining
 		d.RetryAfter = max(c.join.left(now, c.cfg.JoinTimeout), time.Millisecond)
-	} else {
+	case c.members.fenced:
 		d.Reason = limiter.ReasonFenced
+		d.RetryAfter = c.cfg.Heartbeat
+	default:
+		d.Reason = limiter.ReasonStale
 		d.RetryAfter = c.cfg.Heartbeat
 	}
 	d.RetryAfter = (d.RetryAfter + time.Millisecond - 1) / time.Millisecond * time.Millisecond
@@ -171,6 +189,7 @@ func (c *Core) allowAll(now time.Time, checks []Check, counted []int64) (allowed
 				c.reclaimHold.apply(ls[i].Rule(), &e)
 			}
 			ds[i] = ls[i].Decide(chs[i], e)
+			c.staleReason(&ds[i])
 			if counted == nil {
 				c.count(&ds[i])
 			}
@@ -185,10 +204,14 @@ func (c *Core) allowAll(now time.Time, checks []Check, counted []int64) (allowed
 		case ds[i].Reason == limiter.ReasonKeyCap:
 		case counted == nil:
 			ls[i].Record(chs[i], allowed, env.NowMs)
+			if allowed {
+				c.noteRequest(ls[i], &ds[i], &checks[i].Request)
+			}
 		default:
 			counted[i] = ls[i].RecordRetry(chs[i], allowed, env.NowMs, counted[i])
 			if allowed {
 				c.count(&ds[i])
+				c.noteRequest(ls[i], &ds[i], &checks[i].Request)
 			}
 		}
 		if !allowed && ds[i].Allowed {
@@ -212,13 +235,13 @@ func (c *Core) Earliest(now time.Time, rule, key string, req limiter.Request) (t
 	if err != nil {
 		return 0, err
 	}
+	env := c.env(now)
 	if !c.join.joined {
 		return max(c.join.left(now, c.cfg.JoinTimeout), 0), nil
 	}
-	if c.members.fenced {
+	if c.gated {
 		return c.cfg.Heartbeat, nil
 	}
-	env := c.env(now)
 	if c.reclaimHold.fromMs != 0 {
 		c.reclaimHold.apply(l.Rule(), &env)
 	}

@@ -108,11 +108,13 @@ func (c *Core) retryAllow(d *limiter.Decision, now time.Time, rule, key string, 
 		c.reclaimHold.apply(l.Rule(), &env)
 	}
 	*d = l.Decide(ch, env)
+	c.staleReason(d)
 	if d.Reason != limiter.ReasonKeyCap {
 		*counted = l.RecordRetry(ch, d.Allowed, env.NowMs, *counted)
 	}
 	if d.Allowed {
 		c.count(d)
+		c.noteRequest(l, d, req)
 	}
 	return nil
 }
@@ -249,9 +251,16 @@ func (n *Node) decideHeld(ctx context.Context, rule, key string, req limiter.Req
 	var d Decision
 	now := n.decisionTime()
 	err := n.core.allowInto(&d, now, rule, key, &req)
+	over := n.core.overBudget
 	n.mu.Unlock()
+	if over {
+		n.publishOver()
+	}
 	if err == nil && !d.Allowed && d.Reason == limiter.ReasonShare {
-		return n.holdAllow(ctx, d, now, rule, key, req, maxHold, false)
+		d, err = n.holdAllow(ctx, d, now, rule, key, req, maxHold, false)
+		if d.Allowed {
+			n.publishIfOver()
+		}
 	}
 	return d, err
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
 )
@@ -20,6 +21,11 @@ type Inbound struct {
 	// Direct reports an anti-entropy batch sent to this member alone,
 	// rather than a gossip message.
 	Direct bool
+	// At is when the batch arrived, on the node's clock. The runtime's
+	// handler stamps it when the transport leaves it zero, before the
+	// batch queues for the run loop: mesh time's samples then measure
+	// the path, not the queue (Core.StepReceived).
+	At time.Time
 }
 
 // Handler receives what a Transport hears.

@@ -233,8 +233,10 @@ func (j *joinState) want(peer string) {
 func (c *Core) ExpectState(peer string) { c.join.expect(c.self.Peer, peer) }
 
 // regate brings gated up to date: a member that has not joined, or is
-// fenced, denies every decision.
-func (c *Core) regate() { c.gated = !c.join.joined || c.members.fenced }
+// fenced, or whose view is stale under strict, denies every decision.
+func (c *Core) regate() {
+	c.gated = !c.join.joined || c.members.fenced || (c.stale.on && c.cfg.Policy == Strict)
+}
 
 // noteFence follows the fence (joinState.fence).
 func (c *Core) noteFence(now time.Time) {

@@ -113,6 +113,7 @@ func (c *Core) Acquire(now time.Time, rule, key, class string) (Lease, limiter.D
 		return Lease{}, c.gate(l, ch, now, env), nil
 	}
 	d := l.DecideLease(ch, env, c.liveSlot)
+	c.staleReason(&d)
 	c.count(&d)
 	if !d.Allowed {
 		return Lease{}, d, nil

@@ -3,28 +3,41 @@ package node
 import (
 	"math"
 	"testing"
+	"time"
 )
 
 // TestClockSampleKeepsLeastDelayed checks the windowed maximum behind a
 // member's clock estimate: a batch that queued long never drags the
-// estimate down, and a real change of the peer's clock shows within two
-// epochs.
+// estimate down, not even once the faster samples have aged out (it is
+// refused, and the estimate holds), and a real change of the peer's
+// clock shows at once when it moves ahead, and within (change / slack)
+// heartbeats when it steps back (the top sinks by a slack a heartbeat).
 func TestClockSampleKeepsLeastDelayed(t *testing.T) {
 	const epoch = 2000
+	lim := newClockLimits(500 * time.Millisecond) // slack 62 ms
 	steps := []struct {
 		nowMs, sample, want int64
+		refused             bool
 	}{
-		{0, -5, -5},        // the first sample is the estimate
-		{500, -300, -5},    // a batch that queued 300 ms: ignored
-		{1000, -3, -3},     // a faster one: kept
-		{2500, -250, -3},   // next epoch: the previous epoch's best still counts
-		{4100, -260, -250}, // two epochs on: the old best has aged out
-		{4200, 400, 400},   // the peer's clock jumped ahead: shows at once
-		{9000, -100, -100}, // after a gap of epochs nothing old is kept
+		{0, -5, -5, false},
+		{500, -300, -5, true},      // a batch that queued 300 ms: refused
+		{1000, -3, -3, false},      // a faster one: kept
+		{2500, -250, -3, true},     // next epoch: refused (top −3 − 62)
+		{4100, -260, -3, true},     // two epochs on: still refused, the estimate holds
+		{4200, 400, 400, false},    // the peer's clock jumped ahead: shows at once
+		{9000, -100, 400, true},    // stepped back 500 ms: not believed yet
+		{21000, -100, -100, false}, // the top has sunk to −96: believed
 	}
 	var m member
+	lastEpoch := int64(0)
 	for i, s := range steps {
-		m.clockSample(s.sample, s.nowMs, epoch)
+		for e := s.nowMs / epoch; lastEpoch < e; lastEpoch++ {
+			m.age(lim)
+		}
+		ok := m.clockSample(s.sample, s.nowMs, epoch, lim)
+		if ok == s.refused {
+			t.Errorf("step %d (sample %d at %d ms): accepted %v, want %v", i, s.sample, s.nowMs, ok, !s.refused)
+		}
 		if !m.hasClock || m.clockMs != s.want {
 			t.Fatalf("step %d (sample %d at %d ms): estimate %d, want %d", i, s.sample, s.nowMs, m.clockMs, s.want)
 		}
@@ -139,16 +152,17 @@ func TestClockEstimateRoundTrips(t *testing.T) {
 		{nowMs: 3700, sample: 500, want: 500, wantRT: true, wantClock: true},                      // the peer's clock jumped ahead: the bound shows it at once
 	}
 	var m member
+	lim := newClockLimits(500 * time.Millisecond)
 	for i, s := range steps {
 		if s.rt {
 			rtt := s.d1 + s.held + s.d2
 			t1 := s.nowMs - rtt
 			t2 := t1 + theta0 + s.d1
-			if !m.rtSample(t1, t2, t2+s.held, s.nowMs, epoch) {
+			if _, ok := m.rtSample(t1, t2, t2+s.held, s.nowMs, epoch, lim); !ok {
 				t.Fatalf("step %d: round trip refused", i)
 			}
 		} else {
-			m.clockSample(s.sample, s.nowMs, epoch)
+			m.clockSample(s.sample, s.nowMs, epoch, lim)
 		}
 		if m.clockMs != s.want || m.clockRT != s.wantRT || m.hasClock != s.wantClock {
 			t.Fatalf("step %d at %d ms: estimate %d (round trip %v, has %v), want %d (%v, %v)",

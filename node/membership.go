@@ -89,6 +89,7 @@ func (ms *membership) restart(m *member, inc uint64) {
 	old := m.state
 	m.inc, m.evicted, m.state = inc, false, Alive
 	m.reset()
+	m.heardUsMs = 0 // the new incarnation has echoed nothing yet
 	ms.changes = append(ms.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: old, To: Alive, New: true})
 }
 
@@ -575,7 +576,7 @@ func (c *Core) Peers(now time.Time) []PeerInfo {
 			Peer: m.peer, Incarnation: m.inc, State: m.state, LastSeen: now.Sub(m.lastHeard),
 			RulesHash: m.rulesHash, RulesMatch: m.rulesHash == c.rulesHash,
 			ClockOffset: time.Duration(m.clockMs) * time.Millisecond, ClockRoundTrip: m.clockRT,
-			ClockOneWay: time.Duration(m.oneWayMs) * time.Millisecond,
+			ClockOneWay: time.Duration(m.oneWayEstimate()) * time.Millisecond,
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Peer < out[j].Peer })

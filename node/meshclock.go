@@ -28,6 +28,7 @@ type meshClock struct {
 	maxSkew  time.Duration
 	every    time.Duration // how often the offset is re-estimated: a heartbeat
 	epochMs  int64         // the epoch of the members' clock estimates (see newMeshClock)
+	lim      clockLimits   // which samples a stall took (see clockLimits)
 	selfTag  uint32        // crdt.PeerTag of our peer ID: echoes of our clock carry it
 	offsetMs int64
 	samples  []int64   // scratch for update
@@ -40,6 +41,35 @@ type meshClock struct {
 	next     time.Time // the next re-estimate
 	// skewed is exceeded as of the last skewChange.
 	skewed bool
+	// rejected counts the samples refused as taken across a stall
+	// (Stats.ClockSamplesRejected).
+	rejected uint64
+}
+
+// clockLimits says which clock samples were taken across a stall, and so
+// are not believed (docs/design.md, "Mesh time"). A round trip's offset
+// is off by up to half its delay δ, a one-way sample's by its whole
+// one-way delay, and a stall anywhere on the path (the peer stepping our
+// batch late, our batch queued behind housekeeping, our own inbox backed
+// up) is delay. So a round trip counts only if its δ is at most slackMs
+// above the least δ of the peer's recent round trips (its floor), and
+// never over maxDelayMs (delivery within max_skew each way); a one-way
+// sample counts only if it is at most slackMs below the largest recent
+// one (its top). The floor rises and the top sinks by slackMs every
+// heartbeat (agePeers), so a path that really got slower, or a peer's
+// clock that really stepped back, is believed again within
+// (change / slackMs) heartbeats; a round trip shows a clock stepped back
+// at once (it lowers the top, rtSample). Until then the estimate holds.
+type clockLimits struct {
+	slackMs    int64 // max_skew / 8 (at least 1 ms)
+	maxDelayMs int64 // 2·max_skew
+}
+
+func newClockLimits(maxSkew time.Duration) clockLimits {
+	return clockLimits{
+		slackMs:    max(maxSkew.Milliseconds()/8, 1),
+		maxDelayMs: max(2*maxSkew.Milliseconds(), 1),
+	}
 }
 
 // newMeshClock returns the mesh clock of a member started at now. The
@@ -52,6 +82,7 @@ func newMeshClock(cfg *CoreConfig, now time.Time) meshClock {
 		maxSkew: cfg.MaxSkew,
 		every:   cfg.Heartbeat,
 		epochMs: max(cfg.Heartbeat.Milliseconds(), 1),
+		lim:     newClockLimits(cfg.MaxSkew),
 		selfTag: crdt.PeerTag(cfg.Peer),
 		next:    now,
 	}
@@ -66,12 +97,15 @@ func (k *meshClock) meshMs(now time.Time) int64 {
 	return now.UnixMilli() + k.offsetMs
 }
 
-// step takes the clock readings of b, from m, received at now: a one-way
-// sample of b's Clock, a round trip if b echoes our clock, and the echo we
-// owe m in return.
+// step takes the clock readings of b, from m, received at now (as early
+// as the receiver knows: see Core.StepReceived): a one-way sample of b's
+// Clock, a round trip if b echoes our clock, and the echo we owe m in
+// return. Samples taken across a stall are counted in rejected.
 func (k *meshClock) step(now time.Time, m *member, b *crdt.Batch) {
 	nowMs, epochMs := now.UnixMilli(), k.epochMs
-	m.clockSample(b.Clock-nowMs, nowMs, epochMs)
+	if !m.clockSample(b.Clock-nowMs, nowMs, epochMs, k.lim) {
+		k.rejected++
+	}
 	m.echoes, m.repairs = b.Has(crdt.FlagEcho), b.Has(crdt.FlagRepairs)
 	if !m.echoes {
 		k.echoOK = false // at once; update sets it again
@@ -82,7 +116,13 @@ func (k *meshClock) step(now time.Time, m *member, b *crdt.Batch) {
 	for _, e := range b.Echoes {
 		if e.Peer == k.selfTag {
 			// t1 = our Clock it echoes, t2 = when it arrived, t3 = b.Clock.
-			m.rtSample(b.Clock-e.Ago, b.Clock-int64(e.Held), b.Clock, nowMs, epochMs)
+			plausible, ok := m.rtSample(b.Clock-e.Ago, b.Clock-int64(e.Held), b.Clock, nowMs, epochMs, k.lim)
+			if !ok {
+				k.rejected++
+			}
+			if plausible {
+				m.heardUsMs = nowMs
+			}
 			break
 		}
 	}
@@ -137,8 +177,26 @@ func (k *meshClock) takeEchoes(nowMs int64) []crdt.Echo {
 // order.
 func (k *meshClock) tick(now time.Time, order []*member) {
 	if !now.Before(k.next) {
+		k.agePeers(order)
 		k.update(order)
 		k.next = now.Add(k.every)
+	}
+}
+
+// agePeers lets every member's round-trip floor rise and its one-way top
+// sink by one slack: once a heartbeat (see clockLimits).
+func (k *meshClock) agePeers(order []*member) {
+	for _, m := range order {
+		m.age(k.lim)
+	}
+}
+
+// age lets the round-trip floor rise and the one-way top sink by one
+// slack: a heartbeat passed.
+func (p *peerClock) age(lim clockLimits) {
+	p.rtFloor = min(p.rtFloor+lim.slackMs, lim.maxDelayMs)
+	if p.owTop > -crdt.MaxValue {
+		p.owTop -= lim.slackMs
 	}
 }
 
@@ -199,23 +257,31 @@ type peerClock struct {
 	// clockMs is the estimate of the member's raw clock minus ours that
 	// mesh time uses: from round trips when the member echoes our clock,
 	// from one-way samples otherwise.
-	clockMs  int64
-	oneWayMs int64       // the one-way estimate alone, as of the latest sample
-	oneWay   clockWindow // one-way samples: their Clock − our raw clock at receipt
-	rt       clockWindow // round trips (NTP samples) of our batches they echoed
+	clockMs int64
+	// heardUsMs is our raw clock when the member last echoed our clock
+	// (a plausible round trip, believed or not): proof that it hears us
+	// and counts us a member (it echoes only members it steps). 0: never.
+	heardUsMs int64
+	oneWay    clockWindow // one-way samples: their Clock − our raw clock at receipt
+	rt        clockWindow // round trips (NTP samples) of our batches they echoed
 	// fwdMs is the forward delay (member to us) the latest fresh round trip
 	// measured: the round-trip estimate minus the one-way one. When round
 	// trips go stale (a big mesh echoes each member rarely) the one-way
 	// estimate plus fwdMs stands in.
 	fwdMs int64
 
+	// owTop is the largest one-way sample of late, sinking by a slack
+	// every heartbeat; rtFloor the least round-trip delay of late, rising
+	// by a slack every heartbeat (see clockLimits). They mean something
+	// once oneWay, rt hold a sample.
+	owTop, rtFloor int64
+
 	// The echo we owe the member: the Clock of its least-delayed batch
-	// since we last echoed it, our raw clock at its receipt, and its
-	// one-way sample (for picking the least delayed).
-	echoClock  int64
-	echoAt     int64
-	echoSample int64
-	echoedAt   int64 // our raw clock when we last echoed the member
+	// since we last echoed it and our raw clock at its receipt (their
+	// difference is its one-way sample, for picking the least delayed).
+	echoClock int64
+	echoAt    int64
+	echoedAt  int64 // our raw clock when we last echoed the member
 
 	// The flags last, together, so they take one word (the member is read
 	// on every batch it sends; see member).
@@ -227,6 +293,14 @@ type peerClock struct {
 	hasEchoed   bool
 	echoes      bool // its latest batch set crdt.FlagEcho: it understands echoes
 	repairs     bool // its latest batch set crdt.FlagRepairs: it understands repair tags
+}
+
+// oneWayEstimate returns the one-way estimate alone as of the latest
+// sample: the least-delayed one-way sample of that sample's epoch and the
+// one before.
+func (p *peerClock) oneWayEstimate() int64 {
+	b, _ := p.oneWay.best(p.oneWay.epoch)
+	return b.off
 }
 
 // clockSample records one one-way clock sample (their Clock − our raw
@@ -242,27 +316,57 @@ type peerClock struct {
 // peer's clock shows within two epochs. Even the best one-way sample still
 // runs behind by the path's minimum latency; round trips (rtSample) remove
 // that.
-func (p *peerClock) clockSample(sample, nowMs, epochMs int64) {
+//
+// A stall longer than the epochs (a batch queued for seconds behind
+// housekeeping) would still be believed, so a sample more than a slack
+// below the recent top is refused (see clockLimits) and clockSample
+// reports false; the estimate then holds.
+func (p *peerClock) clockSample(sample, nowMs, epochMs int64, lim clockLimits) bool {
+	if p.oneWay.hasCur && sample < p.owTop-lim.slackMs {
+		return false
+	}
+	if !p.oneWay.hasCur || sample > p.owTop {
+		p.owTop = sample
+	}
 	e := floorDiv(nowMs, epochMs)
 	p.oneWay.add(clockPoint{off: sample, delay: -sample}, e)
 	p.estimate(e)
+	return true
 }
 
 // rtSample records one round trip: an echo of our batch sent at our raw
 // time t1, received by the member at t2 and echoed in its batch sent at t3
 // (both its raw clock), which reached us at t4 = nowMs. It reports whether
-// the echo was plausible (see roundTrip) and recorded. Of the round trips
-// of the last one to two epochs the one of least delay counts, as with
-// one-way samples, but chosen by its measured delay.
-func (p *peerClock) rtSample(t1, t2, t3, nowMs, epochMs int64) bool {
-	theta, delta, ok := roundTrip(t1, t2, t3, nowMs)
-	if !ok {
-		return false
+// the echo was plausible (see roundTrip), and whether its delay was
+// believable (see clockLimits): only then is it recorded. Of the round
+// trips of the last one to two epochs the one of least delay counts, as
+// with one-way samples, but chosen by its measured delay.
+//
+// The true offset lies within δ/2 of θ, and no one-way sample can exceed
+// it: a one-way top above θ + δ/2 is from before the peer's clock stepped
+// back, and is lowered to that at once.
+func (p *peerClock) rtSample(t1, t2, t3, nowMs, epochMs int64, lim clockLimits) (plausible, ok bool) {
+	theta, delta, plausible := roundTrip(t1, t2, t3, nowMs)
+	if !plausible {
+		return false, true
+	}
+	bound := lim.maxDelayMs
+	if p.rt.hasCur {
+		bound = min(bound, p.rtFloor+lim.slackMs)
+	}
+	if delta > bound {
+		return true, false
+	}
+	if !p.rt.hasCur || delta < p.rtFloor {
+		p.rtFloor = delta
+	}
+	if hi := theta + (delta+1)/2; p.oneWay.hasCur && p.owTop > hi {
+		p.owTop = hi
 	}
 	e := floorDiv(nowMs, epochMs)
 	p.rt.add(clockPoint{off: theta, delay: delta}, e)
 	p.estimate(e)
-	return true
+	return true, true
 }
 
 // estimate sets clockMs at epoch e: the least-delayed fresh round trip
@@ -273,9 +377,6 @@ func (p *peerClock) estimate(e int64) {
 	ow, okOW := p.oneWay.best(e)
 	rt, okRT := p.rt.best(e)
 	p.clockRT = okRT
-	if okOW {
-		p.oneWayMs = ow.off
-	}
 	switch {
 	case okRT && okOW:
 		p.clockMs = max(rt.off, ow.off)
@@ -305,9 +406,8 @@ const echoesPerEpoch = 8
 // an epoch old. It reports whether an echo to the member is due: none
 // was sent in the last 1/echoesPerEpoch of an epoch.
 func (p *peerClock) noteEcho(clock, nowMs, epochMs int64) bool {
-	sample := clock - nowMs
-	if !p.echoPending || sample >= p.echoSample || nowMs-p.echoAt >= epochMs {
-		p.echoClock, p.echoAt, p.echoSample, p.echoPending = clock, nowMs, sample, true
+	if !p.echoPending || clock-nowMs >= p.echoClock-p.echoAt || nowMs-p.echoAt >= epochMs {
+		p.echoClock, p.echoAt, p.echoPending = clock, nowMs, true
 	}
 	since := nowMs - p.echoedAt
 	return !p.hasEchoed || since < 0 || since >= epochMs/echoesPerEpoch

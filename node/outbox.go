@@ -271,6 +271,7 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		groups = nil
 	}
 	wins, ls := c.c.TakeDirty()
+	c.resetBudgets()
 	o.published(wins, ls)
 	for _, w := range wins {
 		c.notePersist(w)

@@ -233,3 +233,76 @@ func TestCoreEchoesRotate(t *testing.T) {
 		}
 	}
 }
+
+// TestCoreClockStallSameClocks runs 3 busy cores whose clocks agree (three
+// processes on one host) over a 2 ms network; after 2 s, member 0's
+// batches start taking 1.1 s more to reach the others (its outbound queue
+// stalls behind housekeeping), for longer than the one to two heartbeats
+// a clock estimate keeps. Every round trip member 0 measures then has its
+// offset biased by +550 ms, and before round trips carried a bound on
+// their delay member 0 believed it: its mesh offset crossed max_skew
+// though no clock is off. Now no member's offset leaves ±3 ms, none
+// reports skew, and member 0 counts the refused samples.
+func TestCoreClockStallSameClocks(t *testing.T) {
+	const seed = 91
+	reportSeed(t, seed)
+	net := cluster(t, 3, seed, apiRule(limiter.FixedWindow, 1_000_000), nil)
+	net.Delay = 2 * time.Millisecond
+	start := net.Now()
+	net.Slow = func(from, to int) time.Duration {
+		if from == 0 && net.Now().Sub(start) >= 2*time.Second {
+			return 1100 * time.Millisecond
+		}
+		return 0
+	}
+	net.OnReady = func(i int, now time.Time, rd node.Ready) {
+		if rd.Skew != nil {
+			t.Errorf("member %d at %v: skew reported %+v though every clock agrees", i, now.Sub(start), *rd.Skew)
+		}
+	}
+	k := 0
+	run(t, net, 6*time.Second, func(now time.Time) {
+		k = (k + 1) % 3
+		if _, err := net.Core(k).Allow(net.Local(k), "api", "k", limiter.Request{}); err != nil {
+			t.Fatal(err)
+		}
+		if now.Sub(start) < 500*time.Millisecond {
+			return
+		}
+		for i := range 3 {
+			if off := net.Core(i).Offset(); off < -3*time.Millisecond || off > 3*time.Millisecond {
+				t.Fatalf("member %d at %v: offset %v, want within 3 ms of 0", i, now.Sub(start), off)
+			}
+		}
+	})
+	if net.Core(0).Stats().ClockSamplesRejected == 0 {
+		t.Error("member 0 refused no clock sample")
+	}
+}
+
+// TestStepReceivedSamplesAtArrival steps a batch 600 ms after it arrived
+// (it queued in the runtime's inbox): the clock sample is taken at its
+// arrival, so the one-way estimate of a peer whose clock equals ours is
+// the 2 ms it travelled, not the 602 ms until it was stepped; stepped
+// with Step at the later time, it would have been −602 ms.
+func TestStepReceivedSamplesAtArrival(t *testing.T) {
+	rules := apiRule(limiter.FixedWindow, 1000)
+	a := newCore(t, "a", t0, rules, nil)
+	b := newCore(t, "b", t0, rules, nil)
+	bs := b.Tick(t0).Messages
+	if len(bs) == 0 {
+		t.Fatal("b's first Tick sent nothing")
+	}
+	arrived := t0.Add(2 * time.Millisecond)
+	stepped := arrived.Add(600 * time.Millisecond)
+	for _, m := range bs {
+		if err := a.StepReceived(stepped, arrived, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range a.Peers(stepped) {
+		if p.Peer == "b" && p.ClockOneWay != -2*time.Millisecond {
+			t.Errorf("one-way estimate of b: %v, want -2ms (the path, not the queue)", p.ClockOneWay)
+		}
+	}
+}

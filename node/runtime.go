@@ -43,7 +43,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock is the local clock. Nil means time.Now. Tests may inject a
 	// clock that runs at real speed with an offset; timers (ticks, Wait)
-	// run on real time whatever the clock says.
+	// run on real time whatever the clock says. It is read from the
+	// transport's goroutines too (Inbound.At), so it must be safe for
+	// concurrent use.
 	Clock func() time.Time
 	// LeaveTimeout bounds how long Close spends publishing the leave.
 	LeaveTimeout time.Duration
@@ -168,6 +170,12 @@ type Node struct {
 	// wakes it again. Always set when PublishGap is negative.
 	pubArmed bool
 	pubSig   chan struct{} // capacity 1
+	// pubMu orders publishing: whoever builds batches (the run loop's
+	// ticks and leading edges, a decision past the publish budget)
+	// holds it from taking mu to build them until they are handed to the
+	// Transport, so batches go out in the order of their Seq. Taken
+	// before mu, never while holding it.
+	pubMu sync.Mutex
 
 	inbox    chan Inbound
 	connects chan string
@@ -193,7 +201,16 @@ type Node struct {
 	fwdBusy map[string]struct{} // guarded by mu: rules and keys with a lottery forward under way
 
 	held, heldAdmitted, heldDenied, forwards atomic.Uint64 // HoldStats
+
+	// The run loop's note of clock samples refused (see tick): how many
+	// it last logged, and when.
+	rejLogged uint64
+	rejLogAt  time.Time
 }
+
+// rejectLogEvery is how often at most the run loop logs clock samples
+// refused as taken across a stall.
+const rejectLogEvery = time.Minute
 
 // Start starts a member: it takes the incarnation max(persisted + 1, unix
 // ms) and saves it durably before serving, starts the transport, and
@@ -290,6 +307,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 type handler struct{ n *Node }
 
 func (h handler) HandleBatch(in Inbound) {
+	if in.At.IsZero() {
+		in.At = h.n.clock()
+	}
 	select {
 	case h.n.inbox <- in:
 	case <-h.n.quit:
@@ -400,6 +420,8 @@ func publishWait(now, last time.Time, gap time.Duration) time.Duration {
 // long until it is. With nothing pending it disarms the leading edge and
 // returns 0.
 func (n *Node) publishEarly() time.Duration {
+	n.pubMu.Lock()
+	defer n.pubMu.Unlock()
 	n.mu.Lock()
 	if !n.core.Pending() {
 		n.pubArmed = false
@@ -416,6 +438,37 @@ func (n *Node) publishEarly() time.Duration {
 	n.mu.Unlock()
 	n.publish(rd.Messages)
 	return 0
+}
+
+// publishOver publishes the pending changes before a decision's answer
+// returns, when the admissions not yet published are past a rule's
+// publish budget (Core.OverBudget; docs/design.md, "What a kill loses"):
+// a kill then loses at most the budget. The caller has released mu; it
+// holds the answer until the batches are handed to the Transport.
+//
+//go:noinline
+func (n *Node) publishOver() {
+	n.pubMu.Lock()
+	defer n.pubMu.Unlock()
+	n.mu.Lock()
+	if n.closed || !n.core.OverBudget() {
+		n.mu.Unlock() // published meanwhile
+		return
+	}
+	rd := n.core.Flush(n.readClock())
+	n.mu.Unlock()
+	n.publish(rd.Messages)
+}
+
+// publishIfOver is publishOver for a caller that does not hold mu and has
+// not checked the budget.
+func (n *Node) publishIfOver() {
+	n.mu.Lock()
+	over := !n.closed && n.core.OverBudget()
+	n.mu.Unlock()
+	if over {
+		n.publishOver()
+	}
 }
 
 // publish publishes bs in order, stopping at the first failure.
@@ -487,7 +540,7 @@ func (n *Node) step(in Inbound) {
 	n.mu.Lock()
 	now := n.readClock()
 	for i := 1; ; i++ {
-		if err := n.core.Step(now, in.Batch); err != nil {
+		if err := n.core.StepReceived(now, in.At, in.Batch); err != nil {
 			n.log.Error("merge", "from", in.Batch.From.String(), "err", err)
 		}
 		more := false
@@ -580,10 +633,12 @@ func (n *Node) sendDirect(ds []Direct) {
 
 // tick ticks the core, acts on its Ready and returns when to tick next.
 func (n *Node) tick() time.Duration {
+	n.pubMu.Lock()
 	n.mu.Lock()
 	now := n.readClock()
 	n.retune(now)
 	rd := n.core.Tick(now)
+	rejected := n.core.clock.rejected
 	if len(n.waiters) > 0 {
 		n.wake(now) // acknowledgements applied, leases expired, windows turned: decide held requests again
 	}
@@ -598,6 +653,7 @@ func (n *Node) tick() time.Duration {
 		}
 	}
 	n.publish(rd.Messages)
+	n.pubMu.Unlock()
 	n.sendDirect(rd.Direct) // relays of our whole view
 	var again []string
 	for _, c := range rd.Changes {
@@ -632,6 +688,19 @@ func (n *Node) tick() time.Duration {
 		}
 		n.markReady()
 	}
+	if st := rd.Stale; st != nil {
+		if st.Stale {
+			n.log.Error("view stale: the members this node hears have not acknowledged its batches lately; denying every decision under strict, holding to its share under available, until they do",
+				"lagging", st.Lagging, "members", st.Live, "strict", n.cfg.Policy == Strict)
+		} else {
+			n.log.Warn("view fresh again: the members acknowledge this node's batches", "members", st.Live)
+		}
+	}
+	if rejected > n.rejLogged && (n.rejLogAt.IsZero() || now.Sub(n.rejLogAt) >= rejectLogEvery) {
+		n.log.Warn("clock samples taken across a stall refused; mesh time holds its last good estimate (a loaded host or a slow peer)",
+			"refused", rejected-n.rejLogged, "total", rejected)
+		n.rejLogged, n.rejLogAt = rejected, now
+	}
 	if sk := rd.Skew; sk != nil {
 		if sk.Exceeded {
 			n.log.Error("clock offset to the mesh beyond max_skew; fix this host's clock", "offset", sk.Offset, "max_skew", n.cfg.MaxSkew)
@@ -657,6 +726,9 @@ func (n *Node) Close() error {
 func (n *Node) shutdown(closeStore bool) error {
 	close(n.quit)
 	<-n.loopDone
+	// After any decision's publish under way (pubMu), so the leave goes
+	// out last.
+	n.pubMu.Lock()
 	n.mu.Lock()
 	bs := n.core.Leave(n.readClock()).Messages
 	n.closed = true
@@ -673,6 +745,7 @@ func (n *Node) shutdown(closeStore bool) error {
 		}
 	}
 	cancel()
+	n.pubMu.Unlock()
 	if err := n.cfg.Transport.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("node: close transport: %w", err))
 	}
@@ -720,9 +793,16 @@ func (n *Node) Allow(ctx context.Context, rule, key string, opts ...Option) (Dec
 	var d Decision
 	now := n.decisionTime()
 	err := n.core.allowInto(&d, now, rule, key, &req)
+	over := n.core.overBudget
 	n.mu.Unlock()
+	if over {
+		n.publishOver()
+	}
 	if d.Reason == limiter.ReasonShare && !d.Allowed {
-		return n.holdAllow(ctx, d, now, rule, key, req, -1, true)
+		d, err = n.holdAllow(ctx, d, now, rule, key, req, -1, true)
+		if d.Allowed {
+			n.publishIfOver()
+		}
 	}
 	return d, err
 }
@@ -749,9 +829,16 @@ func (n *Node) AllowAll(ctx context.Context, checks ...Check) (allowed bool, ds 
 	}
 	now := n.decisionTime()
 	allowed, ds, err = n.core.AllowAll(now, checks)
+	over := n.core.overBudget
 	n.mu.Unlock()
+	if over {
+		n.publishOver()
+	}
 	if err == nil && !allowed && shareOnly(ds) {
-		return n.holdAll(ctx, now, checks, ds)
+		allowed, ds, err = n.holdAll(ctx, now, checks, ds)
+		if allowed {
+			n.publishIfOver()
+		}
 	}
 	return allowed, ds, err
 }
@@ -792,7 +879,11 @@ func (n *Node) Wait(ctx context.Context, rule, key string, opts ...Option) (Deci
 		}
 		d, err := n.core.Allow(now, rule, key, req)
 		if err != nil || d.Allowed || d.RetryAfter == Never {
+			over := n.core.overBudget
 			n.mu.Unlock()
+			if over {
+				n.publishOver()
+			}
 			return d, err
 		}
 		early, err := n.core.Earliest(now, rule, key, req)

@@ -46,6 +46,11 @@ type Network struct {
 	// returning false drops that copy. It runs before Loss and Duplicate
 	// and must not change b.
 	Filter func(from, to int, b *crdt.Batch) bool
+	// Slow, when set, adds its answer to the latency of every copy of a
+	// batch from member from to member to (gossip and anti-entropy
+	// alike): a stalled sender, or a slow link one way. It must not draw
+	// on Rand.
+	Slow func(from, to int) time.Duration
 	// ShareDecoded makes all receivers of one published batch share one
 	// decoding of it instead of decoding a copy each: much faster for
 	// large meshes, and safe as long as cores never modify a batch they
@@ -370,8 +375,15 @@ func (n *Network) send(from, to int, bs []*crdt.Batch) {
 		if n.Filter != nil && !n.Filter(from, to, b) {
 			continue
 		}
-		n.enqueue(to, data, nil, n.Delay)
+		n.enqueue(to, data, nil, n.Delay+n.slow(from, to))
 	}
+}
+
+func (n *Network) slow(from, to int) time.Duration {
+	if n.Slow == nil {
+		return 0
+	}
+	return n.Slow(from, to)
 }
 
 func (n *Network) encode(from int, b *crdt.Batch) []byte {
@@ -416,9 +428,9 @@ func (n *Network) Publish(from int, b *crdt.Batch) {
 		if n.Loss > 0 && n.rng.Float64() < n.Loss {
 			continue
 		}
-		n.enqueue(to, data, shared, n.latency())
+		n.enqueue(to, data, shared, n.latency()+n.slow(from, to))
 		if !n.hold && n.Duplicate > 0 && n.rng.Float64() < n.Duplicate {
-			n.enqueue(to, data, shared, n.latency())
+			n.enqueue(to, data, shared, n.latency()+n.slow(from, to))
 		}
 	}
 }

@@ -1,0 +1,68 @@
+package node
+
+import "github.com/ratemesh/ratemesh/limiter"
+
+// The publish budget (docs/design.md, "What a kill loses"). A member
+// publishes its admissions in batches, so a SIGKILL loses what it admitted
+// since its last batch: the others never learn of it, and the window goes
+// over by that much. On a busy host the batches come late and that grows
+// with the load. So the core counts, per rule, the credits admitted since
+// the last batch, and once one rule's count passes its budget —
+// CoreConfig.PublishBudget of the member's share, limit / live members —
+// OverBudget tells the runtime to publish (Core.Flush) before it answers
+// the decision that passed it. A kill then loses at most the budget plus
+// the last request's cost, per rule, whatever the load. The simulator
+// publishes on its ticks and does not consult it.
+
+// unpublished is the credits of one rule admitted since the last batch.
+type unpublished struct {
+	credits uint64
+}
+
+// noteRequest is noteAdmitted for a decision on req.
+func (c *Core) noteRequest(l *limiter.Limiter, d *limiter.Decision, req *limiter.Request) {
+	if !d.Allowed || c.cfg.publishBudget() == 0 {
+		return
+	}
+	cost, err := l.Rule().CostOf(*req)
+	if err != nil {
+		return
+	}
+	c.noteAdmitted(l, d, cost)
+}
+
+// noteAdmitted counts an admission of cost credits of l's rule towards
+// its budget. Only admissions that count against the limit count: shadow
+// admissions and unlimited classes do not.
+func (c *Core) noteAdmitted(l *limiter.Limiter, d *limiter.Decision, cost uint64) {
+	f := c.cfg.publishBudget()
+	if f == 0 || !d.Allowed || d.Shadow || d.Reason != limiter.ReasonAdmitted {
+		return
+	}
+	u := c.unpub[l]
+	if u == nil {
+		if c.unpub == nil {
+			c.unpub = make(map[*limiter.Limiter]*unpublished)
+		}
+		u = &unpublished{}
+		c.unpub[l] = u
+	}
+	u.credits += cost
+	budget := f * float64(l.Rule().Limit) / float64(max(c.members.n, 1))
+	if float64(u.credits) > budget {
+		c.overBudget = true
+	}
+}
+
+// OverBudget reports whether some rule's credits admitted since the last
+// batch are past its publish budget: the runtime publishes (Flush) before
+// it answers.
+func (c *Core) OverBudget() bool { return c.overBudget }
+
+// published resets the budgets: a batch carries every admission so far.
+func (c *Core) resetBudgets() {
+	for _, u := range c.unpub {
+		u.credits = 0
+	}
+	c.overBudget = false
+}
