@@ -617,24 +617,29 @@ func TestDecisionsShareClockReadingsAtHighRates(t *testing.T) {
 	cfg.Clock = func() time.Time { reads.Add(1); return time.Now() }
 	n := rtStart(t, cfg)
 	ctx := context.Background()
-	var lastEnd time.Time
+	var last time.Time
+	const hour = time.Hour
 	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		r0 := reads.Load()
 		const burst = 20_000
 		for range burst {
 			d, err := n.Allow(ctx, "api", "k")
+			after := time.Now()
 			if err != nil || !d.Allowed {
 				t.Fatalf("Allow = %+v, %v", d, err)
 			}
-			// ResetAfter counts from the decision's time, so
-			// time.Now()+ResetAfter is the window's end plus how late
-			// the decision was: it drops only as much as that lag
-			// shrinks, and the lag stays small.
-			end := time.Now().Add(d.ResetAfter)
-			if end.Before(lastEnd.Add(-50 * time.Millisecond)) {
-				t.Fatalf("decision time went back: window end %v after %v", end, lastEnd)
+			// ResetAfter counts from the decision's time to the end of
+			// its hour window, so the decision's time is that end less
+			// ResetAfter, the end being the one hour boundary within an
+			// hour after it: no later than now, whatever a busy machine
+			// made the test wait. Decided one after another, those
+			// times never go back (to the millisecond ResetAfter keeps).
+			end := after.Add(d.ResetAfter).Truncate(hour)
+			at := end.Add(-d.ResetAfter)
+			if at.Before(last.Add(-time.Millisecond)) || at.After(after.Add(time.Millisecond)) {
+				t.Fatalf("decision time %v after %v (answered at %v)", at, last, after)
 			}
-			lastEnd = end
+			last = at
 		}
 		got := reads.Load() - r0
 		return got < burst/8, fmt.Sprintf("%d clock reads for %d decisions", got, burst)

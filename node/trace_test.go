@@ -184,6 +184,16 @@ func (e *traceEnv) member(name string) (int, error) {
 	return i, nil
 }
 
+// pair resolves the two members a command such as "cut A B" names.
+func (e *traceEnv) pair(a, b string) (int, int, error) {
+	i, err := e.member(a)
+	if err != nil {
+		return 0, 0, err
+	}
+	j, err := e.member(b)
+	return i, j, err
+}
+
 // do runs one command and returns what it printed.
 func (e *traceEnv) do(cmd string) (string, error) {
 	var out strings.Builder
@@ -264,11 +274,7 @@ func (e *traceEnv) do(cmd string) (string, error) {
 		if len(args) < 2 || len(args) > 3 {
 			return "", fmt.Errorf("want drop FROM TO [N]")
 		}
-		from, err := e.member(args[0])
-		if err != nil {
-			return "", err
-		}
-		to, err := e.member(args[1])
+		from, to, err := e.pair(args[0], args[1])
 		if err != nil {
 			return "", err
 		}
@@ -283,11 +289,7 @@ func (e *traceEnv) do(cmd string) (string, error) {
 		if len(args) != 2 {
 			return "", fmt.Errorf("want cut A B")
 		}
-		a, err := e.member(args[0])
-		if err != nil {
-			return "", err
-		}
-		b, err := e.member(args[1])
+		a, b, err := e.pair(args[0], args[1])
 		if err != nil {
 			return "", err
 		}
@@ -296,11 +298,7 @@ func (e *traceEnv) do(cmd string) (string, error) {
 		if len(args) != 2 {
 			return "", fmt.Errorf("want heal A B")
 		}
-		a, err := e.member(args[0])
-		if err != nil {
-			return "", err
-		}
-		b, err := e.member(args[1])
+		a, b, err := e.pair(args[0], args[1])
 		if err != nil {
 			return "", err
 		}
