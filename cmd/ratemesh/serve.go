@@ -141,37 +141,21 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	// The file as read: a reload compares the file with it, and leaves
 	// out what the flags and their variables decide.
 	ex := &serveExtras{file: cfg, overridden: overridden(fset), poll: o.configPoll}
-	if len(o.listen) > 0 {
-		cfg.Node.Listen = o.listen
-	}
-	if len(o.bootstrap) > 0 {
-		cfg.Node.Bootstrap = o.bootstrap
-	}
-	if o.api != "" {
-		cfg.Node.API = o.api
-	}
-	if o.dataDir != "" {
-		cfg.Node.DataDir = o.dataDir
-	}
-	if o.pskFile != "" {
-		cfg.Node.PSKFile = o.pskFile
-	}
-	if len(o.allowPeers) > 0 {
-		cfg.Node.AllowPeers = o.allowPeers
-	}
-	if o.allowFile != "" {
-		cfg.Node.AllowPeersFile = o.allowFile
-	}
-	if len(o.allowDNS) > 0 {
-		cfg.Node.AllowPeersDNS = o.allowDNS
-	}
-	if o.grpcAddr != "" {
-		cfg.Node.GRPC = o.grpcAddr
-	}
-	if o.envoyCfg != "" {
-		cfg.Envoy.Config = o.envoyCfg
+	// A flag (or its variable) given replaces the file's value.
+	for _, f := range []struct {
+		flag multiFlag
+		dst  *[]string
+	}{
+		{o.listen, &cfg.Node.Listen}, {o.bootstrap, &cfg.Node.Bootstrap},
+		{o.allowPeers, &cfg.Node.AllowPeers}, {o.allowDNS, &cfg.Node.AllowPeersDNS},
+	} {
+		if len(f.flag) > 0 {
+			*f.dst = f.flag
+		}
 	}
 	for _, f := range []struct{ flag, dst *string }{
+		{&o.api, &cfg.Node.API}, {&o.dataDir, &cfg.Node.DataDir}, {&o.pskFile, &cfg.Node.PSKFile},
+		{&o.allowFile, &cfg.Node.AllowPeersFile}, {&o.grpcAddr, &cfg.Node.GRPC}, {&o.envoyCfg, &cfg.Envoy.Config},
 		{&o.tokenFile, &cfg.API.TokenFile}, {&o.tlsCert, &cfg.API.TLSCert}, {&o.tlsKey, &cfg.API.TLSKey}, {&o.clientCA, &cfg.API.ClientCA},
 	} {
 		if *f.flag != "" {
