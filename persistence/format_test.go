@@ -50,7 +50,7 @@ func TestOpenFdd4fa5DataDir(t *testing.T) {
 			s.Close()
 			t.Fatalf("Open took fdd4fa5's store as a store whose node knew no members (peers %v)", peers)
 		}
-		for _, want := range []string{path, `"ratemesh-store-1"`, "--bootstrap", "move " + path + " aside"} {
+		for _, want := range []string{path, `"ratemesh-store-1"`, "--bootstrap", "--upgrade-alone"} {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("err = %v; want it to say %q", err, want)
 			}

@@ -412,9 +412,8 @@ func (s *Store) checkFormat(unknownMembers bool) (migrate bool, err error) {
 		return false, fmt.Errorf("persistence: open %s: %w: format %q does not record the members its node knew; "+
 			"taken as it is, a node restarted without --bootstrap would count itself alone and decide beside its peers. "+
 			"Start it with --bootstrap naming a live member: it joins through that peer and the store is migrated to %q. "+
-			"A node that ran alone has no member to name: move %s aside (the identity key beside it keeps the peer ID; "+
-			"the current windows' counts and its leases are lost)",
-			s.path, ErrOldStore, formatV1, format, s.path)
+			"A node that ran alone has no member to name: start it once with --upgrade-alone (serve) to migrate the store as it is",
+			s.path, ErrOldStore, formatV1, format)
 	case strings.HasPrefix(string(v), "ratemesh-store-"):
 		return false, fmt.Errorf("persistence: open %s: %w: format %q is a newer ratemesh's, this version reads %q and %q: "+
 			"run that version, or restore a copy this one wrote", s.path, ErrNotStore, v, format, formatV1)

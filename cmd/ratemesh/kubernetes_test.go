@@ -27,9 +27,9 @@ func TestKubernetesConstants(t *testing.T) {
 	wantFlags := []string{
 		"allow-peer", "allow-peers-dns", "allow-peers-file", "api", "bootstrap", "client-ca", "config",
 		"config-poll", "data-dir", "envoy-config", "grpc", "insecure-api", "listen", "log-format",
-		"log-level", "metrics-auth", "pprof", "psk-file", "tls-cert", "tls-key", "token-file",
+		"log-level", "metrics-auth", "pprof", "psk-file", "tls-cert", "tls-key", "token-file", "upgrade-alone",
 	}
-	wantBool := []string{"insecure-api", "metrics-auth"}
+	wantBool := []string{"insecure-api", "metrics-auth", "upgrade-alone"}
 	var o serveOpts
 	fset := serveFlags(io.Discard, &o)
 	var names, bools []string

@@ -33,7 +33,7 @@ import (
 	"github.com/ratemesh/ratemesh/persistence"
 )
 
-const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--allow-peer PEER_ID]... [--allow-peers-file FILE] [--allow-peers-dns NAME]... [--grpc HOST:PORT] [--envoy-config PATH] [--token-file FILE] [--tls-cert FILE --tls-key FILE [--client-ca FILE]] [--insecure-api] [--metrics-auth] [--log-level LEVEL] [--log-format text|json] [--config-poll D] [--pprof HOST:PORT]"
+const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--allow-peer PEER_ID]... [--allow-peers-file FILE] [--allow-peers-dns NAME]... [--grpc HOST:PORT] [--envoy-config PATH] [--token-file FILE] [--tls-cert FILE --tls-key FILE [--client-ca FILE]] [--insecure-api] [--metrics-auth] [--log-level LEVEL] [--log-format text|json] [--config-poll D] [--pprof HOST:PORT] [--upgrade-alone]"
 
 // ReadyLine is what serve prints on stdout once it serves: one JSON line.
 type ReadyLine struct {
@@ -56,7 +56,7 @@ type serveOpts struct {
 	grpcAddr, envoyCfg, tokenFile, tlsCert, tlsKey, clientCA       string
 	pprofAddr                                                      string
 	listen, bootstrap, allowPeers, allowDNS                        multiFlag
-	insecureAPI, metricsAuth                                       bool
+	insecureAPI, metricsAuth, upgradeAlone                         bool
 	configPoll                                                     time.Duration
 }
 
@@ -82,6 +82,7 @@ func serveFlags(stderr io.Writer, o *serveOpts) *flag.FlagSet {
 	fset.StringVar(&o.tlsCert, "tls-cert", "", "serve the HTTP API and gRPC over TLS with this PEM certificate `file` (api.tls_cert; with --tls-key); re-read on change")
 	fset.StringVar(&o.tlsKey, "tls-key", "", "the PEM private key `file` of --tls-cert (api.tls_key)")
 	fset.StringVar(&o.clientCA, "client-ca", "", "require client certificates signed by a CA of this PEM `file` (mutual TLS; api.client_ca)")
+	fset.BoolVar(&o.upgradeAlone, "upgrade-alone", false, "this node ran alone: migrate a data directory an older ratemesh wrote, which does not record the members its node knew (with --bootstrap it migrates anyway)")
 	fset.BoolVar(&o.insecureAPI, "insecure-api", false, "allow a non-loopback --api or --grpc without tokens or client certificates (api.insecure)")
 	fset.BoolVar(&o.metricsAuth, "metrics-auth", false, "/metrics asks for a token too (api.metrics_auth)")
 	fset.DurationVar(&o.configPoll, "config-poll", defaultConfigPoll, "re-read --config when the file changes on disk (a Kubernetes ConfigMap update too), checking this often; 0: only on SIGHUP")
@@ -140,7 +141,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	// The file as read: a reload compares the file with it, and leaves
 	// out what the flags and their variables decide.
-	ex := &serveExtras{file: cfg, overridden: overridden(fset), poll: o.configPoll}
+	ex := &serveExtras{file: cfg, overridden: overridden(fset), poll: o.configPoll, upgradeAlone: o.upgradeAlone}
 	// A flag (or its variable) given replaces the file's value.
 	for _, f := range []struct {
 		flag multiFlag
@@ -258,7 +259,7 @@ func serve(ctx context.Context, cfg config.Config, cfgPath string, ex *serveExtr
 	plaus := mesh.NewPlausibility(rules)
 	mcfg.Plausible = plaus.Bound
 	opts := []persistence.Option{persistence.WithLogger(log)}
-	if len(cfg.Node.Bootstrap) > 0 { // it joins (node.Config.Join): an old store's silence on members is harmless
+	if len(cfg.Node.Bootstrap) > 0 || ex.upgradeAlone { // it joins (node.Config.Join), or ran alone: an old store's silence on members is harmless
 		opts = append(opts, persistence.UpgradeUnknownMembers())
 	}
 	store, err := persistence.Open(cfg.Node.DataDir, opts...)

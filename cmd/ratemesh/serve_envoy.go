@@ -42,6 +42,9 @@ type serveExtras struct {
 	poll time.Duration
 	// pprofAddr is the profiler's listen address; empty: off.
 	pprofAddr string
+	// upgradeAlone: --upgrade-alone, migrate an older store that does not
+	// record its node's members (persistence.UpgradeUnknownMembers).
+	upgradeAlone bool
 }
 
 // newLogger returns the daemon's logger: text or JSON lines on w.

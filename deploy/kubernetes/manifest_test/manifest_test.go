@@ -48,9 +48,9 @@ var (
 	serveFlags = []string{
 		"allow-peer", "allow-peers-dns", "allow-peers-file", "api", "bootstrap", "client-ca", "config",
 		"config-poll", "data-dir", "envoy-config", "grpc", "insecure-api", "listen", "log-format",
-		"log-level", "metrics-auth", "pprof", "psk-file", "tls-cert", "tls-key", "token-file",
+		"log-level", "metrics-auth", "pprof", "psk-file", "tls-cert", "tls-key", "token-file", "upgrade-alone",
 	}
-	boolFlags = []string{"insecure-api", "metrics-auth"}
+	boolFlags = []string{"insecure-api", "metrics-auth", "upgrade-alone"}
 )
 
 // manifests are the parsed files of deploy/kubernetes.
