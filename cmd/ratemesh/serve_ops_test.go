@@ -20,7 +20,7 @@ import (
 // on the command line beats its variable; a repeatable flag's variable
 // is a comma-separated list.
 func TestServeFlagsReadEnv(t *testing.T) {
-	values := map[string]string{"insecure-api": "true", "metrics-auth": "true", "config-poll": "5s"}
+	values := map[string]string{"insecure-api": "true", "metrics-auth": "true", "upgrade-alone": "true", "config-poll": "5s"}
 	var o serveOpts
 	fset := serveFlags(io.Discard, &o)
 	env := map[string]string{}
