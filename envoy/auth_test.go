@@ -3,7 +3,6 @@ package envoy_test
 import (
 	"context"
 	"crypto/tls"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -53,17 +52,7 @@ func serveSecured(t *testing.T, toks *apiauth.Tokens, tlsCfg *tls.Config) (strin
 		t.Fatal(err)
 	}
 	srv.SetServing(true)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		srv.Stop(ctx)
-	})
-	return ln.Addr().String(), reg
+	return serveLoopback(t, srv), reg
 }
 
 func dial(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {

@@ -76,17 +76,7 @@ func start(t *testing.T, desc *envoy.Descriptors) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		srv.Stop(ctx)
-	})
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(serveLoopback(t, srv), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,4 +462,21 @@ func readFile(t *testing.T, path string) envoy.File {
 		t.Fatal(err)
 	}
 	return envoy.File{Name: filepath.Base(path), Data: data}
+}
+
+// serveLoopback serves srv on an ephemeral 127.0.0.1 port until the test
+// ends and returns the address.
+func serveLoopback(t *testing.T, srv *envoy.Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Stop(ctx)
+	})
+	return ln.Addr().String()
 }

@@ -33,19 +33,9 @@ type CA struct {
 // NewCA returns a CA named name with its certificate in dir.
 func NewCA(t testing.TB, dir, name string) *CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serial.Add(1)),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
+	key, tmpl := newTemplate(t, name)
+	tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
+	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
@@ -57,6 +47,22 @@ func NewCA(t testing.TB, dir, name string) *CA {
 	ca := &CA{Cert: cert, Key: key, File: filepath.Join(dir, name+"-ca.pem")}
 	WriteFile(t, ca.File, pemBlock("CERTIFICATE", der))
 	return ca
+}
+
+// newTemplate returns a fresh P-256 key and a certificate template for
+// name, valid from an hour ago for a day, with the next serial number.
+func newTemplate(t testing.TB, name string) (*ecdsa.PrivateKey, *x509.Certificate) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, &x509.Certificate{
+		SerialNumber: big.NewInt(serial.Add(1)),
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+	}
 }
 
 // Pool returns a pool holding the CA.
@@ -91,18 +97,8 @@ func (ca *CA) Client(t testing.TB, name string) *Leaf {
 
 func (ca *CA) issue(t testing.TB, name string, use x509.ExtKeyUsage, edit func(*x509.Certificate)) *Leaf {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial.Add(1)),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{use},
-	}
+	key, tmpl := newTemplate(t, name)
+	tmpl.KeyUsage, tmpl.ExtKeyUsage = x509.KeyUsageDigitalSignature, []x509.ExtKeyUsage{use}
 	if edit != nil {
 		edit(tmpl)
 	}
