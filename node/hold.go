@@ -119,11 +119,19 @@ func (c *Core) retryAllow(d *limiter.Decision, now time.Time, rule, key string, 
 	return nil
 }
 
-// boundWait caps a hold by ctx's deadline, keeping a tenth of the time
-// left for the answer.
+// minHoldMargin is the least time a hold leaves before its caller's
+// deadline for the answer to be decided, encoded and sent.
+const minHoldMargin = 5 * time.Millisecond
+
+// boundWait caps a hold by ctx's deadline: it leaves half the time left,
+// and at least minHoldMargin, for the answer. On a starved host a timer
+// fires late and the lock is contended, so a hold that kept a tenth of
+// Envoy's 20 ms (2 ms) answered after the caller had given up; half of it
+// leaves 10 ms. With minHoldMargin or less left it does not hold at all.
 func boundWait(ctx context.Context, wait time.Duration) time.Duration {
 	if dl, ok := ctx.Deadline(); ok {
-		wait = min(wait, time.Until(dl)*9/10)
+		left := time.Until(dl)
+		wait = min(wait, left-max(left/2, minHoldMargin))
 	}
 	return wait
 }

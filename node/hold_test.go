@@ -136,7 +136,7 @@ func TestHoldBoundedByShareWaitAndContext(t *testing.T) {
 			60 * time.Millisecond, 160 * time.Millisecond, nil},
 		{"deadline", func() (context.Context, context.CancelFunc) {
 			return context.WithTimeout(context.Background(), 30*time.Millisecond)
-		}, 20 * time.Millisecond, 30 * time.Millisecond, nil},
+		}, 15 * time.Millisecond, 15 * time.Millisecond, nil}, // half the deadline is the answer's margin
 		{"cancelled", func() (context.Context, context.CancelFunc) {
 			ctx, cancel := context.WithCancel(context.Background())
 			time.AfterFunc(10*time.Millisecond, cancel)
