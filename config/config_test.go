@@ -319,10 +319,10 @@ rules:
 		}
 	}
 	ack := 2 * cfg.Mesh.SyncInterval
-	if got := cfg.Rules[1].ShareWaitFor(ack); got != 200*time.Millisecond {
+	if got := cfg.Rules[1].ShareWaitFor(ack, 0); got != 200*time.Millisecond {
 		t.Errorf("the default at sync_interval %v: %v, want 200ms", cfg.Mesh.SyncInterval, got)
 	}
-	if got := cfg.Rules[2].ShareWaitFor(ack); got != 0 {
+	if got := cfg.Rules[2].ShareWaitFor(ack, 0); got != 0 {
 		t.Errorf("share_wait: 0 holds %v, want 0", got)
 	}
 }

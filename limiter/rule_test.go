@@ -444,20 +444,24 @@ func TestHashWithoutShareWait(t *testing.T) {
 
 func TestShareWaitFor(t *testing.T) {
 	ack := 40 * time.Millisecond
+	ms := time.Millisecond
 	tests := []struct {
-		set, ack, want time.Duration
+		set, ack, measured, want time.Duration
 	}{
-		{0, ack, 200 * time.Millisecond},                 // the default: 5 acknowledgement delays
-		{0, 100 * time.Millisecond, DefaultShareWaitMax}, // capped at 250 ms
-		{0, 0, 0},
-		{NoShareWait, ack, 0},
-		{30 * time.Millisecond, ack, 30 * time.Millisecond},
-		{MaxShareWait, ack, MaxShareWait},
+		{0, ack, 0, 200 * ms},                   // the default: 5 acknowledgement delays
+		{0, ack, 45 * ms, 200 * ms},             // a quiet host's rounds do not shorten it
+		{0, ack, 150 * ms, 600 * ms},            // a starved host's: 4 measured rounds
+		{0, ack, 2 * time.Second, MaxShareWait}, // capped at 1 s
+		{0, 100 * ms, 0, DefaultShareWaitMax},   // capped at 250 ms
+		{0, 0, 0, 0},
+		{NoShareWait, ack, 150 * ms, 0},
+		{30 * ms, ack, 150 * ms, 30 * ms}, // a set share_wait is kept
+		{MaxShareWait, ack, 0, MaxShareWait},
 	}
 	for _, tt := range tests {
 		r := Rule{ShareWait: tt.set}
-		if got := r.ShareWaitFor(tt.ack); got != tt.want {
-			t.Errorf("ShareWait %v, ack delay %v: ShareWaitFor = %v, want %v", tt.set, tt.ack, got, tt.want)
+		if got := r.ShareWaitFor(tt.ack, tt.measured); got != tt.want {
+			t.Errorf("ShareWait %v, ack delay %v, measured %v: ShareWaitFor = %v, want %v", tt.set, tt.ack, tt.measured, got, tt.want)
 		}
 	}
 }

@@ -571,7 +571,7 @@ func (c *Core) Tick(now time.Time) Ready {
 	c.updateMembers(now)
 	c.noteFence(now)
 	c.clock.tick(now, c.members.order)
-	c.out.acked(ackFrontier(c.members.order))
+	c.out.acked(ackFrontier(c.members.order), c.MeshMs(now))
 	c.restale(now)
 	c.expireLeases(now)
 	if c.join.tick(now, c.cfg.JoinTimeout) {

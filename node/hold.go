@@ -58,14 +58,15 @@ func (n *Node) HoldStats() HoldStats {
 }
 
 // ShareWait returns how long a share denial of rule is held: the rule's
-// share_wait at this member's acknowledgement delay (see
-// limiter.Rule.ShareWaitFor), 0 for an unknown rule.
+// share_wait at this member's acknowledgement delay and the delay its
+// batches' acknowledgements took lately (see limiter.Rule.ShareWaitFor),
+// 0 for an unknown rule.
 func (c *Core) ShareWait(rule string) time.Duration {
 	l, err := c.limiter(rule)
 	if err != nil {
 		return 0
 	}
-	return l.Rule().ShareWaitFor(c.envBase.AckDelay)
+	return l.Rule().ShareWaitFor(c.envBase.AckDelay, c.out.ackDelay())
 }
 
 // WindowIndex returns the index of rule's window at the local time now (0

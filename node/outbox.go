@@ -73,8 +73,13 @@ type outbox struct {
 	resendAll bool  // a nack asked for everything: publish every own value again
 	needAck   bool  // we merged something since our last batch: answer it
 	lastAck   int64 // the Ack of the last gossip batch we sent
-	lastSent  time.Time
-	nextSync  time.Time
+	// ackMs is how long, in ms, our batches with entries took lately
+	// from going out to being acknowledged by every alive member: up at
+	// once by half of a slower one, down by an eighth of a faster one
+	// (noteAck). It stretches the default hold (Core.ShareWait).
+	ackMs    float64
+	lastSent time.Time
+	nextSync time.Time
 	// nextRepair is when the values changed since the last repair go out
 	// again.
 	nextRepair time.Time
@@ -135,11 +140,15 @@ func cmpU64(a, b uint64) int {
 
 // acked marks the values of every batch sent at or before frontier (the
 // mesh's acknowledgement, ackFrontier) acknowledged, except nacked
-// batches', and forgets those batches.
-func (o *outbox) acked(frontier int64) {
+// batches', and forgets those batches; nowMs is the mesh time, which
+// times the acknowledgements.
+func (o *outbox) acked(frontier, nowMs int64) {
 	done := 0
 	for done < len(o.ring) && o.ring[done].sent <= frontier {
 		sb := &o.ring[done]
+		if len(sb.wins)+len(sb.leases) > 0 {
+			o.noteAck(nowMs - sb.sent)
+		}
 		if !sb.nacked {
 			for _, sw := range sb.wins {
 				if sw.v > sw.w.Acked {
@@ -156,6 +165,24 @@ func (o *outbox) acked(frontier int64) {
 		clear(o.ring[:done])
 		o.ring = o.ring[done:]
 	}
+}
+
+// noteAck takes ms, one batch's time from going out to its
+// acknowledgement, into ackMs: a slower one raises it by half the
+// difference at once (a starved host is believed quickly), a faster one
+// lowers it by an eighth (one quick round does not undo it).
+func (o *outbox) noteAck(ms int64) {
+	d := float64(max(ms, 0)) - o.ackMs
+	if d > 0 {
+		o.ackMs += d / 2
+	} else {
+		o.ackMs += d / 8
+	}
+}
+
+// ackDelay returns ackMs as a duration.
+func (o *outbox) ackDelay() time.Duration {
+	return time.Duration(o.ackMs * float64(time.Millisecond))
 }
 
 // published adds values about to be published to the next repair.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/limiter"
 )
 
 // tIn is the start of the internal tests' virtual time.
@@ -50,7 +51,7 @@ func TestOutboxNackedServesOnceAndRemembers(t *testing.T) {
 	}
 	// Once acknowledged and forgotten, a repeat of the nack of 2 is still
 	// known as served, not taken for a batch we no longer hold.
-	o.acked(100)
+	o.acked(100, 100)
 	if len(o.ring) != 0 {
 		t.Fatalf("ring holds %d after everything was acknowledged", len(o.ring))
 	}
@@ -97,7 +98,7 @@ func TestOutboxAckedMarksAcknowledged(t *testing.T) {
 	if _, fresh := o.nacked(2); !fresh {
 		t.Fatal("nack of 2 not served")
 	}
-	o.acked(110)
+	o.acked(110, 110)
 	if got := []uint64{ws[0].Acked, ws[1].Acked, ws[2].Acked}; !slices.Equal(got, []uint64{4, 0, 9}) {
 		t.Errorf("Acked after frontier 110 = %v, want [4 0 9] (2 was nacked; 9 never lowers)", got)
 	}
@@ -107,7 +108,7 @@ func TestOutboxAckedMarksAcknowledged(t *testing.T) {
 	if len(o.ring) != 1 || o.ring[0].seq != 3 {
 		t.Fatalf("ring after frontier 110 holds %v, want batch 3 only", o.ring)
 	}
-	o.acked(120)
+	o.acked(120, 120)
 	if ws[0].Acked != 6 || len(o.ring) != 0 {
 		t.Errorf("after frontier 120: Acked %d, ring %d; want 6, 0", ws[0].Acked, len(o.ring))
 	}
@@ -137,4 +138,54 @@ func keysOf(ws []*crdt.Window) []string {
 		out[i] = w.Series().Key
 	}
 	return out
+}
+
+// TestOutboxAckDelay: the acknowledgement delay of batches with entries
+// is believed quickly when it grows and forgotten slowly when it
+// shrinks; batches without entries, acknowledged at heartbeats, do not
+// count. It stretches the default hold, never a set share_wait.
+func TestOutboxAckDelay(t *testing.T) {
+	o := newOutbox(tIn, time.Second)
+	w := windows(1)[0]
+	send := func(seq uint64, sent int64, entries bool) {
+		sb := sentBatch{seq: seq, sent: sent}
+		if entries {
+			sb.wins = []sentWin{{w: w, v: seq}}
+		}
+		o.remember(sb)
+	}
+	send(1, 1000, true)
+	o.acked(1000, 1200) // 200 ms: half of it at once
+	if got := o.ackDelay(); got != 100*time.Millisecond {
+		t.Fatalf("after one 200 ms acknowledgement: %v, want 100ms", got)
+	}
+	send(2, 2000, false)
+	o.acked(2000, 4000) // an idle heartbeat acknowledged late: not counted
+	if got := o.ackDelay(); got != 100*time.Millisecond {
+		t.Fatalf("a batch without entries moved it to %v", got)
+	}
+	send(3, 5000, true)
+	o.acked(5000, 5020) // 20 ms: down by an eighth of the difference
+	if got := o.ackDelay(); got != 90*time.Millisecond {
+		t.Fatalf("after a 20 ms acknowledgement: %v, want 90ms", got)
+	}
+
+	cfg := DefaultCoreConfig()
+	cfg.Peer, cfg.Incarnation = "a", NextIncarnation(0, tIn)
+	cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second},
+		{Name: "set", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second, ShareWait: 50 * time.Millisecond}}
+	c, err := NewCore(cfg, tIn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.ShareWait("api"); got != 200*time.Millisecond {
+		t.Errorf("default hold on a quiet mesh: %v, want 200ms", got)
+	}
+	c.out.ackMs = 150
+	if got := c.ShareWait("api"); got != 600*time.Millisecond {
+		t.Errorf("default hold with acknowledgements of 150 ms: %v, want 600ms", got)
+	}
+	if got := c.ShareWait("set"); got != 50*time.Millisecond {
+		t.Errorf("a set share_wait with acknowledgements of 150 ms: %v, want 50ms", got)
+	}
 }

@@ -31,6 +31,7 @@ type options struct {
 	Signal     string
 	Burst      int
 	BurstLimit int
+	ShareWait  time.Duration
 	Bound      float64
 	Verbose    bool
 	JSON       bool
@@ -88,6 +89,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.Signal, "signal", o.Signal, "rolling: kill (SIGKILL) or term (SIGTERM)")
 	fs.IntVar(&o.Burst, "burst", o.Burst, "burst: requests in one window, all to be admitted")
 	fs.IntVar(&o.BurstLimit, "burst-limit", o.BurstLimit, "burst: the burst rule's limit per window")
+	fs.DurationVar(&o.ShareWait, "share-wait", o.ShareWait, "share_wait of both rules (default: the node's, stretched as acknowledgements slow)")
 	fs.Float64Var(&o.Bound, "bound", o.Bound, "a window fails above bound × limit")
 	fs.BoolVar(&o.Verbose, "verbose", o.Verbose, "print a line per counted window and the events as they happen")
 	fs.BoolVar(&o.JSON, "json", o.JSON, "print the summary as JSON on stdout")
@@ -176,6 +178,9 @@ func (o *options) validate() error {
 	}
 	if o.Burst < 1 || o.Burst > o.BurstLimit || o.Burst > 100_000 {
 		bad("burst", "%d is not within 1 to --burst-limit (%d) and 100000", o.Burst, o.BurstLimit)
+	}
+	if o.ShareWait < 0 || o.ShareWait > time.Second || o.ShareWait%time.Millisecond != 0 {
+		bad("share-wait", "%v is not a whole number of milliseconds within 0 to 1s", o.ShareWait)
 	}
 	if !(o.Bound >= 1 && o.Bound <= 10) {
 		bad("bound", "%v is not within 1 to 10", o.Bound)

@@ -27,6 +27,10 @@ func TestParseFlags(t *testing.T) {
 			t.Errorf("config %q lacks %q", cfg, want)
 		}
 	}
+	o.ShareWait = time.Second
+	if cfg := o.config(); !strings.Contains(cfg, "{name: burst, algorithm: fixed_window, limit: 1000, window: 1000ms, share_wait: 1000ms}") {
+		t.Errorf("--share-wait 1s: config %q", cfg)
+	}
 }
 
 func TestParseFlagsErrorsNameTheFlag(t *testing.T) {
@@ -57,6 +61,7 @@ func TestParseFlagsErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--signal", "hup"}, `--signal: "hup" is not kill or term`},
 		{[]string{"--burst", "1001"}, "--burst: 1001 is not within 1 to --burst-limit (1000)"},
 		{[]string{"--burst-limit", "0"}, "--burst-limit: 0 is not within"},
+		{[]string{"--share-wait", "2s"}, "--share-wait: 2s is not a whole number of milliseconds within 0 to 1s"},
 		{[]string{"--bound", "0.5"}, "--bound: 0.5 is not within 1 to 10"},
 		{[]string{"--busy", "x"}, `invalid value "x" for flag -busy`},
 		{[]string{"extra"}, `unexpected argument "extra"`},

@@ -27,12 +27,16 @@ const (
 
 // config is the serve processes' config file.
 func (o *options) config() string {
+	extra := ""
+	if o.ShareWait > 0 {
+		extra = fmt.Sprintf(", share_wait: %dms", o.ShareWait.Milliseconds())
+	}
 	return fmt.Sprintf(`mesh:
   partition_policy: %s
 rules:
-  - {name: %s, algorithm: fixed_window, limit: %d, window: %dms}
-  - {name: %s, algorithm: fixed_window, limit: %d, window: %dms}
-`, o.Policy, hotRule, o.Limit, o.Window.Milliseconds(), burstRule, o.BurstLimit, o.Window.Milliseconds())
+  - {name: %s, algorithm: fixed_window, limit: %d, window: %dms%s}
+  - {name: %s, algorithm: fixed_window, limit: %d, window: %dms%s}
+`, o.Policy, hotRule, o.Limit, o.Window.Milliseconds(), extra, burstRule, o.BurstLimit, o.Window.Milliseconds(), extra)
 }
 
 // buildBinary builds ./cmd/ratemesh of the module the current directory
