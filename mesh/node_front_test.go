@@ -130,14 +130,14 @@ func TestFrontFlood(t *testing.T) {
 						return
 					case <-tick.C:
 					}
-					at, t0 := clock(), time.Now()
+					t0 := time.Now()
 					d, err := m.n.Allow(ctx, "api", "flood")
 					took := time.Since(t0)
 					if err != nil {
 						t.Error(err)
 						return
 					}
-					tl.addDecision(at, d)
+					tl.addDecision(clock(), d)
 					mine = append(mine, took)
 					if took > time.Millisecond {
 						mu.Lock()

@@ -210,16 +210,18 @@ func newTally(w time.Duration) *tally {
 	return &tally{winMs: w.Milliseconds(), admitted: map[int64]uint64{}, offered: map[int64]uint64{}}
 }
 
-// addDecision records d, decided by a member after the clock read at (on
-// that member's clock), in the member's own window — the mesh-time window
-// the decision counted in, which the member tells by d.ResetAfter: at +
-// ResetAfter lands on the window's end, give or take the member's mesh
-// offset and how long the decision waited for the member's lock (both far
-// under half a window). Stamping decisions with at alone misplaces those
-// that wait across a boundary (under the race detector, for tens of ms)
-// and reads as overshoot of a window the mesh never let happen.
-func (t *tally) addDecision(at time.Time, d node.Decision) {
-	end := (at.UnixMilli() + d.ResetAfter.Milliseconds() + t.winMs/2) / t.winMs
+// addDecision records d, answered by a member before the clock read done
+// (on that member's clock), in the member's own window — the mesh-time
+// window the decision counted in, which the member tells by
+// d.ResetAfter: done + ResetAfter lands on the window's end, give or take
+// the member's mesh offset and how long the answer took to come back
+// after the decision (both far under half a window). Stamping decisions
+// with a time alone misplaces those that wait across a boundary (under
+// the race detector, for tens of ms) and reads as overshoot of a window
+// the mesh never let happen; and the time the call began misplaces held
+// requests, decided up to share_wait (1 s on a starved host) later.
+func (t *tally) addDecision(done time.Time, d node.Decision) {
+	end := (done.UnixMilli() + d.ResetAfter.Milliseconds() + t.winMs/2) / t.winMs
 	t.addWindow(end-1, d.Allowed)
 }
 
@@ -273,7 +275,6 @@ func offer(n *node.Node, clock func() time.Time, rule, key string, rate float64,
 		go func() {
 			defer wg.Done()
 			for range due {
-				at := clock()
 				d, err := n.Allow(ctx, rule, key)
 				if err != nil {
 					select {
@@ -282,7 +283,7 @@ func offer(n *node.Node, clock func() time.Time, rule, key string, rate float64,
 					}
 					return
 				}
-				tl.addDecision(at, d)
+				tl.addDecision(clock(), d)
 			}
 		}()
 	}

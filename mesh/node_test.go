@@ -157,14 +157,17 @@ func TestNodesPartitionStrict(t *testing.T) {
 			offer(x.n, clock, "hour", "both-sides", 200, hourTl, hourStop, errs)
 		}()
 	}
-	// Each side sees the other suspect; the strict policy scales the limit.
+	// Each side sees the other suspect; the strict policy scales the
+	// limit. The majority (right) reclaims the minority about 1.1 s after
+	// the cut: on a starved host the left may notice the silence only
+	// after that, so right may already see left dead.
 	testutil.Eventually(t, 3*time.Second, func() (bool, string) {
 		for _, a := range left {
 			for _, b := range right {
 				if s := stateOf(a.n, b.m.PeerID()); s != "suspect" {
 					return false, "left sees right " + s
 				}
-				if s := stateOf(b.n, a.m.PeerID()); s != "suspect" {
+				if s := stateOf(b.n, a.m.PeerID()); s != "suspect" && s != "dead" {
 					return false, "right sees left " + s
 				}
 			}
