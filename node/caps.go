@@ -55,20 +55,20 @@ func (c caps) flags() uint64 {
 	return f
 }
 
-// relays reports whether a member with c decodes a member table
-// (Batch.Members) and answers FlagWant with a relay. No flag of its own
-// announces either; FlagRepairs stands in: every release that sets it
-// (since cb40638) does both, and so does every release that sets
-// FlagSkipsUnknown. Releases before 8758fb6 refuse a batch with a member
-// table (an unknown field) and never relay; those from 8758fb6 to cb40638
-// decode it but announce neither flag, so they are sent none.
-func (c caps) relays() bool { return c&(capRepairs|capSkips) != 0 }
+// table reports whether a member with c decodes a member table
+// (Batch.Members). No flag of its own announces it; FlagRepairs stands
+// in: every release that sets it (since cb40638) decodes the table, and
+// so does every release that sets FlagSkipsUnknown. Releases before
+// 8758fb6 refuse a batch with a member table (an unknown field); those
+// from 8758fb6 to cb40638 decode it but announce neither flag, so they
+// are sent none.
+func (c caps) table() bool { return c&(capRepairs|capSkips) != 0 }
 
 // tableOK reports whether peer's latest batch announced that it decodes a
-// member table (caps.relays); false for a peer not heard from.
+// member table (caps.table); false for a peer not heard from.
 func (c *Core) tableOK(peer string) bool {
 	m := c.members.byPeer[peer]
-	return m != nil && m.caps.relays()
+	return m != nil && m.caps.table()
 }
 
 // directs returns build's full state for peers, split by what each

@@ -373,11 +373,11 @@ func (c *Core) StepReceived(now, received time.Time, b *crdt.Batch) error {
 	if c.mergeEntries(now, b, true, m) > 0 || len(b.Windows)+len(b.Leases) > 0 {
 		c.out.needAck = true
 	}
-	if full && b.Has(crdt.FlagLast) && (b.Has(crdt.FlagRelay) || !m.caps.relays()) {
-		// A relay; or, from a release that never relays (before
-		// 92bf997: its batches announce neither FlagRepairs nor
-		// FlagSkipsUnknown), its full state, all it will send: waiting
-		// for more would cost the whole join_timeout.
+	if full && b.Has(crdt.FlagLast) && b.Has(crdt.FlagRelay) {
+		// Only a relay: a peer of a release that never relays (before
+		// 92bf997) costs a joiner its join_timeout, since its plain full
+		// state lacks the dead slots and the joiner's own earlier
+		// incarnation's last values (TestJoinerWaitsForARelay).
 		c.join.relayed(m.peer)
 		c.regate()
 	}
@@ -641,7 +641,7 @@ func (c *Core) longestWindowMs() int64 {
 // partition has taken a new incarnation by the time it reconnects), the
 // lease counts of its current slot, its member table and the slots it
 // evicted; the last is flagged FlagLast. The member table goes only to
-// peers whose batches announced that they decode it (caps.relays): the
+// peers whose batches announced that they decode it (caps.table): the
 // others, and peers not heard from yet, get a second Direct without it. While joining or fenced it also
 // sets FlagWant: the peer answers with a relay of its whole view (see
 // relay), which is what readiness waits for. The batches take no sequence

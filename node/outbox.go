@@ -458,7 +458,7 @@ func (c *Core) ownSlot(id crdt.SlotID) bool {
 // Core.relay): every live window value of our own slots, or with relay of
 // every slot, the lease counts of our current slot (with relay, of every
 // live slot), with table the member table (for a receiver that decodes
-// it: caps.relays), and the slots we evicted, the last batch flagged
+// it: caps.table), and the slots we evicted, the last batch flagged
 // FlagLast. It takes no sequence number; the caller counts it in the
 // stats (Core.direct).
 func (c *Core) fullState(now time.Time, flags uint64, relay, table bool) []*crdt.Batch {
