@@ -24,9 +24,10 @@ const wireDir = "testdata/wire"
 
 // wireCommits are the commits whose batches the corpus must hold: the
 // first wire (c06d2c4), fdd4fa5's (Echoes, no member table), 8758fb6's
-// (the member table), 821b92d's (Repairs) and afeebb3's (this branch's
-// base), and the hand-made future.
-var wireCommits = []string{"c06d2c4", "fdd4fa5", "8758fb6", "821b92d", "afeebb3", "future"}
+// (the member table), 821b92d's (Repairs), afeebb3's, d03b090's (a node
+// core's own output announcing FlagSkipsUnknown, and its full state
+// without the table for a peer not heard from), and the hand-made future.
+var wireCommits = []string{"c06d2c4", "fdd4fa5", "8758fb6", "821b92d", "afeebb3", "d03b090", "future"}
 
 // futureBatches returns batches as a later version could write them: the
 // known fields of want, and fields and elements nobody knows yet, at the

@@ -374,6 +374,10 @@ func (c *Core) StepReceived(now, received time.Time, b *crdt.Batch) error {
 		c.out.needAck = true
 	}
 	if full && b.Has(crdt.FlagLast) && b.Has(crdt.FlagRelay) {
+		// Only a relay: a peer of a release that never relays (before
+		// 92bf997) costs a joiner its join_timeout, since its plain full
+		// state lacks the dead slots and the joiner's own earlier
+		// incarnation's last values (TestJoinerWaitsForARelay).
 		c.join.relayed(m.peer)
 		c.regate()
 	}
@@ -592,7 +596,7 @@ func (c *Core) Tick(now time.Time) Ready {
 		c.members.forgetEvictions(now)
 	}
 	if len(c.join.wants) > 0 {
-		rd.Direct = []Direct{c.relay(now, c.join.wants)}
+		rd.Direct = c.relay(now, c.join.wants)
 		c.join.wants = nil
 	}
 	rd.Changes, c.members.changes = c.members.changes, nil
@@ -631,12 +635,14 @@ func (c *Core) longestWindowMs() int64 {
 }
 
 // AntiEntropy returns what this member sends a peer on every new
-// connection, for each of peers: one Direct carrying its full state,
+// connection, for each of peers: a Direct carrying its full state,
 // batches flagged FlagFull with every live window value of its own slots
 // (the current incarnation's and earlier ones': a member evicted during a
 // partition has taken a new incarnation by the time it reconnects), the
 // lease counts of its current slot, its member table and the slots it
-// evicted; the last is flagged FlagLast. While joining or fenced it also
+// evicted; the last is flagged FlagLast. The member table goes only to
+// peers whose batches announced that they decode it (caps.table): the
+// others, and peers not heard from yet, get a second Direct without it. While joining or fenced it also
 // sets FlagWant: the peer answers with a relay of its whole view (see
 // relay), which is what readiness waits for. The batches take no sequence
 // number and are meant for those peers alone.
@@ -648,7 +654,7 @@ func (c *Core) AntiEntropy(now time.Time, peers ...string) Ready {
 	if !c.join.joined || c.members.fenced {
 		flags |= crdt.FlagWant
 	}
-	return Ready{Direct: []Direct{c.direct(peers, c.fullState(now, flags, false))}}
+	return Ready{Direct: c.directs(peers, func(table bool) []*crdt.Batch { return c.fullState(now, flags, false, table) })}
 }
 
 // relay returns the answer to the peers that asked for this member's whole
@@ -656,9 +662,11 @@ func (c *Core) AntiEntropy(now time.Time, peers ...string) Ready {
 // this member holds of other slots — other members', dead and left
 // members', earlier incarnations' windows, and the lease counts of live
 // slots — flagged FlagRelay. Merge is per-slot max, so a relayed value can
-// only raise what the receiver knows, never let it admit more.
-func (c *Core) relay(now time.Time, peers []string) Direct {
-	return c.direct(peers, c.fullState(now, crdt.FlagFull|crdt.FlagRelay, true))
+// only raise what the receiver knows, never let it admit more. The peers
+// asked in a full state, which announced their capabilities, so each
+// gets the member table if it decodes one.
+func (c *Core) relay(now time.Time, peers []string) []Direct {
+	return c.directs(peers, func(table bool) []*crdt.Batch { return c.fullState(now, crdt.FlagFull|crdt.FlagRelay, true, table) })
 }
 
 // direct returns bs for peers, counted as sent to each of them.

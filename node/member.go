@@ -57,6 +57,13 @@ type PeerInfo struct {
 	// ClockOneWay is the one-way estimate alone: the member's raw clock
 	// minus this member's less the least one-way latency.
 	ClockOneWay time.Duration
+	// Flags are the capability flags the member's latest batch announced
+	// (crdt.FlagEcho, crdt.FlagRepairs, crdt.FlagSkipsUnknown; for self,
+	// those this member sets): during a rolling upgrade, a member without
+	// crdt.FlagSkipsUnknown runs a release from before issue 25, which
+	// refuses any field it does not know (docs/design.md, "Wire
+	// compatibility").
+	Flags uint64
 }
 
 // member is another member as this one knows it: its identity and

@@ -570,13 +570,14 @@ func (h *reclaimHold) end(nowMs, longestMs int64) {
 // by peer ID.
 func (c *Core) Peers(now time.Time) []PeerInfo {
 	out := make([]PeerInfo, 0, len(c.members.order)+1)
-	out = append(out, PeerInfo{Peer: c.self.Peer, Incarnation: c.self.Incarnation, State: Alive, RulesHash: c.rulesHash, RulesMatch: true, Self: true})
+	out = append(out, PeerInfo{Peer: c.self.Peer, Incarnation: c.self.Incarnation, State: Alive, RulesHash: c.rulesHash, RulesMatch: true, Self: true, Flags: announced})
 	for _, m := range c.members.order {
 		out = append(out, PeerInfo{
 			Peer: m.peer, Incarnation: m.inc, State: m.state, LastSeen: now.Sub(m.lastHeard),
 			RulesHash: m.rulesHash, RulesMatch: m.rulesHash == c.rulesHash,
 			ClockOffset: time.Duration(m.clockMs) * time.Millisecond, ClockRoundTrip: m.clockRT,
 			ClockOneWay: time.Duration(m.oneWayEstimate()) * time.Millisecond,
+			Flags:       m.caps.flags(),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Peer < out[j].Peer })

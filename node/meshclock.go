@@ -33,12 +33,12 @@ type meshClock struct {
 	offsetMs int64
 	samples  []int64   // scratch for update
 	echoQ    []*member // members owing an echo, in the order they came to owe it
-	echoOK   bool      // every live member has announced crdt.FlagEcho
-	// repairOK: every live member has announced crdt.FlagRepairs, so our
-	// batches may tag repairs (Core.nacked). Not a clock matter, but
+	// common are the capabilities every live member has announced
+	// (caps.go): with capEcho our batches echo clocks, with capRepairs
+	// they tag repairs (Core.nacked). Only echoes are a clock matter, but
 	// update visits every member once a heartbeat anyway.
-	repairOK bool
-	next     time.Time // the next re-estimate
+	common caps
+	next   time.Time // the next re-estimate
 	// skewed is exceeded as of the last skewChange.
 	skewed bool
 	// rejected counts the samples refused as taken across a stall
@@ -106,13 +106,8 @@ func (k *meshClock) step(now time.Time, m *member, b *crdt.Batch) {
 	if !m.clockSample(b.Clock-nowMs, nowMs, epochMs, k.lim) {
 		k.rejected++
 	}
-	m.echoes, m.repairs = b.Has(crdt.FlagEcho), b.Has(crdt.FlagRepairs)
-	if !m.echoes {
-		k.echoOK = false // at once; update sets it again
-	}
-	if !m.repairs {
-		k.repairOK = false
-	}
+	m.caps = capsOf(b.Flags)
+	k.common &= m.caps // at once; update raises it again
 	for _, e := range b.Echoes {
 		if e.Peer == k.selfTag {
 			// t1 = our Clock it echoes, t2 = when it arrived, t3 = b.Clock.
@@ -132,6 +127,11 @@ func (k *meshClock) step(now time.Time, m *member, b *crdt.Batch) {
 	}
 }
 
+// all reports whether every live member has announced the capabilities c
+// (as of the last update, or lower since: a batch without them lowers
+// common at once).
+func (k *meshClock) all(c caps) bool { return k.common&c == c }
+
 // echoesPerBatch is how many peers' clocks one batch echoes at most. A
 // batch is broadcast, so it cannot echo every peer of a big mesh. One echo
 // (about 10 bytes) per batch gives every peer of a ten-node mesh several
@@ -150,7 +150,7 @@ const echoesPerBatch = 1
 // live member has not announced crdt.FlagEcho (a peer of an older version
 // refuses a batch carrying echoes); every member then measures one-way.
 func (k *meshClock) takeEchoes(nowMs int64) []crdt.Echo {
-	if len(k.echoQ) == 0 || !k.echoOK {
+	if len(k.echoQ) == 0 || !k.all(capEcho) {
 		return nil
 	}
 	var out []crdt.Echo
@@ -202,18 +202,17 @@ func (p *peerClock) age(lim clockLimits) {
 
 // update estimates the clock offset to the mesh: the median of the live
 // members' raw clock offsets and our own (0), so every member converges on
-// the mesh's median clock. It also notes whether every live member
-// understands echoes.
+// the mesh's median clock. It also notes the capabilities every live
+// member has announced (common).
 func (k *meshClock) update(order []*member) {
 	k.samples = append(k.samples[:0], 0)
-	k.echoOK, k.repairOK = true, true
+	k.common = capsOf(announced)
 	for _, m := range order {
 		if m.live() && m.hasClock {
 			k.samples = append(k.samples, m.clockMs)
 		}
 		if m.live() && !m.evicted {
-			k.echoOK = k.echoOK && m.echoes
-			k.repairOK = k.repairOK && m.repairs
+			k.common &= m.caps
 		}
 	}
 	slices.Sort(k.samples)
@@ -291,8 +290,7 @@ type peerClock struct {
 	echoPending bool
 	echoQueued  bool // in meshClock.echoQ
 	hasEchoed   bool
-	echoes      bool // its latest batch set crdt.FlagEcho: it understands echoes
-	repairs     bool // its latest batch set crdt.FlagRepairs: it understands repair tags
+	caps        caps // the capability flags of its latest batch (caps.go)
 }
 
 // oneWayEstimate returns the one-way estimate alone as of the latest

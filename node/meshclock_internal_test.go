@@ -19,7 +19,7 @@ func clockCfg() *CoreConfig {
 func TestMeshClockMedian(t *testing.T) {
 	mk := func(st State, ms int64, has bool) *member {
 		m := &member{state: st}
-		m.clockMs, m.hasClock, m.echoes = ms, has, true
+		m.clockMs, m.hasClock, m.caps = ms, has, capEcho
 		return m
 	}
 	tests := []struct {
@@ -84,7 +84,7 @@ func TestMeshClockEchoes(t *testing.T) {
 	k.step(now, a, &crdt.Batch{Clock: now.UnixMilli() + 50, Flags: crdt.FlagEcho})
 	k.step(now, b, &crdt.Batch{Clock: now.UnixMilli() + 80})
 	k.update([]*member{a, b})
-	if k.echoOK {
+	if k.all(capEcho) {
 		t.Fatal("echoes on while b has not announced FlagEcho")
 	}
 	if es := k.takeEchoes(now.UnixMilli() + 5); es != nil {

@@ -264,7 +264,7 @@ func (c *Core) nacked(seq uint64) {
 	if sb == nil {
 		return
 	}
-	if c.clock.repairOK && len(sb.wins) > 0 {
+	if c.clock.all(capRepairs) && len(sb.wins) > 0 {
 		// Tagged, so that the members that merged the batch skip them.
 		c.out.repairs = append(c.out.repairs, repairGroup{seq: sb.seq, wins: slices.Clone(sb.wins)})
 	} else {
@@ -287,7 +287,7 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 	}
 	groups := o.repairs
 	o.repairs = nil
-	if len(groups) > 0 && !c.clock.repairOK {
+	if len(groups) > 0 && !c.clock.all(capRepairs) {
 		// A member that cannot read the tags turned up since the nacks:
 		// everyone gets the repeats untagged.
 		for _, g := range groups {
@@ -357,7 +357,7 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, grou
 		c.out.seq++
 		b := &crdt.Batch{
 			Version: crdt.Version, From: c.self, Seq: c.out.seq, Sent: nowMs, Clock: now.UnixMilli(),
-			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags&^crdt.FlagLast | crdt.FlagEcho | crdt.FlagRepairs,
+			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags&^crdt.FlagLast | announced,
 		}
 		if len(out) == 0 {
 			b.Nacks = nacks
@@ -484,10 +484,11 @@ func (c *Core) ownSlot(id crdt.SlotID) bool {
 // fullState builds a full state at now (flags; see AntiEntropy and
 // Core.relay): every live window value of our own slots, or with relay of
 // every slot, the lease counts of our current slot (with relay, of every
-// live slot), the member table and the slots we evicted, the last batch
-// flagged FlagLast. It takes no sequence number; the caller counts it in
-// the stats (Core.direct).
-func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch {
+// live slot), with table the member table (for a receiver that decodes
+// it: caps.table), and the slots we evicted, the last batch flagged
+// FlagLast. It takes no sequence number; the caller counts it in the
+// stats (Core.direct).
+func (c *Core) fullState(now time.Time, flags uint64, relay, table bool) []*crdt.Batch {
 	nowMs := c.MeshMs(now)
 	var out []*crdt.Batch
 	var b *crdt.Batch
@@ -495,7 +496,7 @@ func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch 
 	newBatch := func() {
 		b = &crdt.Batch{
 			Version: crdt.Version, From: c.self, Seq: c.out.seq, Sent: nowMs, Clock: now.UnixMilli(),
-			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags | crdt.FlagEcho | crdt.FlagRepairs,
+			RulesHash: c.rulesHash, Ack: watermark(c.members.order), Flags: flags | announced,
 		}
 		index = make(map[crdt.SlotID]uint32)
 		out = append(out, b)
@@ -526,6 +527,9 @@ func (c *Core) fullState(now time.Time, flags uint64, relay bool) []*crdt.Batch 
 		}
 	}
 	for _, m := range c.members.order {
+		if !table {
+			break
+		}
 		if len(b.Members) >= crdt.MaxMembers {
 			newBatch()
 		}

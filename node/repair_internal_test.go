@@ -25,7 +25,10 @@ func TestRepairTagsNeedEveryMember(t *testing.T) {
 			t.Fatalf("first batches %+v, want one with one window entry", first)
 		}
 		c.nacked(first[0].Seq)
-		c.clock.repairOK = readable
+		c.clock.common = 0
+		if readable {
+			c.clock.common = capRepairs
+		}
 		out := c.flush(tIn.Add(c.cfg.SyncInterval), 0)
 		if len(out) != 1 || len(out[0].Windows) != 1 || out[0].Windows[0].Key != "k" {
 			t.Fatalf("readable %v: batches %+v, want one carrying k again", readable, out)
@@ -54,7 +57,7 @@ func newRepairCore(t *testing.T) *Core {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.clock.repairOK = true
+	c.clock.common = capRepairs
 	return c
 }
 

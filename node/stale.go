@@ -133,7 +133,7 @@ func (c *Core) restale(now time.Time) {
 // member that has heard nobody yet (watermark 0) is not awaited.
 func (c *Core) ackedBy(m *member, nowMs, ourW, afterMs, echoMs int64) bool {
 	echoed := func(within int64) bool { return m.heardUsMs != 0 && nowMs-m.heardUsMs < within }
-	if c.clock.echoOK {
+	if c.clock.all(capEcho) {
 		if c.stale.on {
 			return m.heardUsMs > c.stale.sinceMs
 		}

@@ -163,28 +163,38 @@ func (s *sim) reconnect(old []int) error {
 				to = append(to, b)
 			}
 		}
-		st := s.fullState(int(a), to)
-		for _, b := range to {
-			if err := s.countDirect(int(a), st); err != nil {
+		sts := s.fullStates(int(a), to)
+		for k, b := range to {
+			if err := s.countDirect(int(a), sts[k]); err != nil {
 				return err
 			}
-			s.direct(int(a), int(b), st)
+			s.direct(int(a), int(b), sts[k])
 		}
 	}
 	return nil
 }
 
-// fullState returns node i's answer to new connections from the nodes to
-// (its Core.AntiEntropy), nil for none.
-func (s *sim) fullState(i int, to []int32) []*crdt.Batch {
+// fullStates returns node i's answer to new connections from the nodes
+// to (its Core.AntiEntropy), the batches for to[k] at k; nil for none.
+// The core answers in one Direct per set of peers that decode the same
+// (a member table or not), so peers may get different batches.
+func (s *sim) fullStates(i int, to []int32) [][]*crdt.Batch {
 	if len(to) == 0 {
 		return nil
 	}
 	peers := make([]string, len(to))
+	at := make(map[string]int, len(to))
 	for k, j := range to {
 		peers[k] = s.nodes[j].peer
+		at[peers[k]] = k
 	}
-	return s.nodes[i].core.AntiEntropy(s.local(i), peers...).Direct[0].Batches
+	out := make([][]*crdt.Batch, len(to))
+	for _, d := range s.nodes[i].core.AntiEntropy(s.local(i), peers...).Direct {
+		for _, p := range d.To {
+			out[at[p]] = d.Batches
+		}
+	}
+	return out
 }
 
 // countDirect counts one direct send of bs by node from.
@@ -261,18 +271,18 @@ func (s *sim) antiEntropy(i, only, skip int) error {
 			to = append(to, r)
 		}
 	}
-	mine := s.fullState(i, to)
-	for _, r := range to {
+	mine := s.fullStates(i, to)
+	for k, r := range to {
 		j := int(r)
-		theirs := s.fullState(j, []int32{int32(i)})
+		theirs := s.fullStates(j, []int32{int32(i)})[0]
 		if err := s.countDirect(j, theirs); err != nil {
 			return err
 		}
 		s.direct(j, i, theirs)
-		if err := s.countDirect(i, mine); err != nil {
+		if err := s.countDirect(i, mine[k]); err != nil {
 			return err
 		}
-		s.direct(i, j, mine)
+		s.direct(i, j, mine[k])
 	}
 	return nil
 }

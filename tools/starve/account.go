@@ -21,15 +21,22 @@ type nodeUsage struct {
 	PeerID  string
 	OK      bool
 	Down    bool
+	Old     bool // its release does not serve window=N (400 naming window)
 	Stopped bool
 	Slots   []httpapi.SlotJSON
 }
 
 // windowCount is what the mesh admitted for one key in one ended window,
-// counted at the servers.
+// counted at the servers, and what the clients were told.
 type windowCount struct {
 	Window   int64  `json:"window"`
 	Admitted uint64 `json:"admitted"`
+	// AtClient is how many admitted answers the clients got for the
+	// window (tally, placeWindow). It counts what a node admitted and
+	// never published, which a SIGKILL loses from every server's view,
+	// and a node that cannot answer /v1/usage?window=N (a release before
+	// 27aa619), which leaves its slot to the others' views.
+	AtClient uint64 `json:"at_client"`
 	// Own is, per node, the admitted count of the slots carrying the
 	// node's own peer ID as that node itself reports them (0 when it did
 	// not answer).
@@ -41,9 +48,26 @@ type windowCount struct {
 	Relayed uint64 `json:"relayed,omitempty"`
 	// Missing lists the running nodes that did not answer.
 	Missing []int `json:"missing,omitempty"`
+	// Old lists the running nodes whose release does not serve
+	// /v1/usage?window=N: their slots count from the others' views.
+	Old []int `json:"old,omitempty"`
 	// Stopped lists the nodes stopped during the window or just after.
-	Stopped []int   `json:"stopped,omitempty"`
-	Ratio   float64 `json:"ratio"`
+	Stopped []int `json:"stopped,omitempty"`
+	// Ratio is the larger of Admitted and AtClient over the limit.
+	Ratio float64 `json:"ratio"`
+}
+
+// most is the larger of the servers' and the clients' counts: each can
+// miss what the other sees, and neither counts what was not admitted.
+func (wc *windowCount) most() uint64 { return max(wc.Admitted, wc.AtClient) }
+
+// setClient records the clients' count of the window and sets Ratio.
+func (wc *windowCount) setClient(n, limit uint64) {
+	wc.AtClient = n
+	wc.Ratio = 0
+	if limit > 0 {
+		wc.Ratio = float64(wc.most()) / float64(limit)
+	}
 }
 
 type slotKey struct {
@@ -70,7 +94,10 @@ func countWindow(w int64, limit uint64, views []nodeUsage) windowCount {
 			wc.Stopped = append(wc.Stopped, v.Node)
 		}
 		if !v.OK {
-			if !v.Down {
+			switch {
+			case v.Old:
+				wc.Old = append(wc.Old, v.Node)
+			case !v.Down:
 				wc.Missing = append(wc.Missing, v.Node)
 			}
 			continue
@@ -137,6 +164,17 @@ type summary struct {
 	SkewLines  []string      `json:"skew_lines"`
 	ElapsedSec float64       `json:"elapsed_s"`
 
+	// JoinTimeouts are the nodes' "join timed out" log lines: a node that
+	// waited its whole join_timeout for a peer's state.
+	JoinTimeouts []string `json:"join_timeouts"`
+	// Malformed is, per node run (rolling, upgrade), the batches it
+	// refused as malformed, read from its /metrics before it stopped and
+	// at the end: a release refusing a peer's batch.
+	Malformed []string `json:"malformed,omitempty"`
+	// Upgrade names the binaries of an upgrade: the old release's and
+	// the new build's.
+	Upgrade *upgradeReport `json:"upgrade,omitempty"`
+
 	Interrupted bool     `json:"interrupted,omitempty"`
 	Pass        bool     `json:"pass"`
 	Failures    []string `json:"failures,omitempty"`
@@ -156,6 +194,19 @@ type loadReport struct {
 	Up          float64 `json:"up"`     // the nodes' time not paused, a fraction: the share of the target a generator can offer
 	FellBehind  bool    `json:"fell_behind"`
 	Seconds     float64 `json:"seconds"`
+	// Reasons counts every answer (hot key and rotating keys) by reason.
+	Reasons map[string]int64 `json:"reasons"`
+	// Joining describes the first denials as joining (when, which node).
+	Joining []string `json:"joining,omitempty"`
+	// Unplaced counts hot-key admissions whose window the clients could
+	// not tell (a round trip over half a window): in no AtClient.
+	Unplaced uint64 `json:"unplaced,omitempty"`
+}
+
+// upgradeReport is an upgrade's binaries.
+type upgradeReport struct {
+	OldBin string `json:"old_bin"`
+	NewBin string `json:"new_bin"`
 }
 
 // starveReport is how starved the host was.
@@ -172,9 +223,12 @@ type starveReport struct {
 }
 
 // judge sets the summary's totals and verdict from its windows and
-// bursts, once (it adds to Failures and Warnings): it fails when a window admitted more than Bound × Limit, a burst
-// admitted fewer than BurstWant, no window was counted, or a node logged
-// a clock skew (the nodes share one host's clock, so any skew is false).
+// bursts, once (it adds to Failures and Warnings): it fails when a window
+// admitted more than Bound × Limit (at the servers or at the clients), a
+// burst admitted fewer than BurstWant, no window was counted, a node
+// logged a clock skew (the nodes share one host's clock, so any skew is
+// false), or a request was denied as joining; an upgrade also fails when
+// a join timed out or a node refused a batch as malformed.
 // A generator that fell behind its target rate is a warning, not a
 // failure: the bound was tested with less load than asked.
 func (s *summary) judge() {
@@ -183,14 +237,14 @@ func (s *summary) judge() {
 	sort.Slice(s.Windows, func(i, j int) bool { return s.Windows[i].Window < s.Windows[j].Window })
 	var sum uint64
 	for i, w := range s.Windows {
-		sum += w.Admitted
+		sum += w.most()
 		if len(w.Missing) > 0 || len(w.Stopped) > 0 {
 			s.Incomplete++
 		}
 		if i == 0 || w.Ratio > s.WorstRatio {
 			s.WorstRatio, s.WorstWindow = w.Ratio, w.Window
 		}
-		if float64(w.Admitted) > s.Bound*float64(s.Limit) {
+		if float64(w.most()) > s.Bound*float64(s.Limit) {
 			s.Over++
 		}
 	}
@@ -221,6 +275,28 @@ func (s *summary) judge() {
 	}
 	if n := len(s.SkewLines); n > 0 {
 		s.Failures = append(s.Failures, fmt.Sprintf("%d clock skew lines logged (\"beyond max_skew\") on one host", n))
+	}
+	// The load starts once every node is ready, and goes only to nodes
+	// that printed their ready line: a node that denies as joining then
+	// stopped serving.
+	if n := s.Load.Reasons["joining"]; n > 0 {
+		s.Failures = append(s.Failures, fmt.Sprintf("%d requests denied as joining (the first: %v)", n, s.Load.Joining))
+	}
+	if n := len(s.JoinTimeouts); n > 0 {
+		msg := fmt.Sprintf("%d joins timed out (a node waited its whole join_timeout for a peer's state)", n)
+		if s.Scenario == "upgrade" {
+			s.Failures = append(s.Failures, msg)
+		} else {
+			s.Warnings = append(s.Warnings, msg)
+		}
+	}
+	if len(s.Malformed) > 0 {
+		msg := fmt.Sprintf("batches refused as malformed: %v", s.Malformed)
+		if s.Scenario == "upgrade" {
+			s.Failures = append(s.Failures, msg)
+		} else {
+			s.Warnings = append(s.Warnings, msg)
+		}
 	}
 	if s.Incomplete > 0 {
 		s.Warnings = append(s.Warnings, fmt.Sprintf("%d windows with a node that did not answer or was stopped in them: a stopped or silent node's slot counts from the others' views, a lower bound", s.Incomplete))

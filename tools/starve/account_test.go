@@ -65,6 +65,13 @@ func TestCountWindow(t *testing.T) {
 			{Node: 1, PeerID: "b"},
 		},
 		want: windowCount{Window: 7, Own: []uint64{0, 0}, Missing: []int{0, 1}},
+	}, {
+		name: "an old release cannot tell: its slot from a new node's view, old and not missing",
+		views: []nodeUsage{
+			{Node: 0, PeerID: "a", OK: true, Slots: []httpapi.SlotJSON{slot("a", 1, 50), slot("b", 1, 48)}},
+			{Node: 1, PeerID: "b", Old: true},
+		},
+		want: windowCount{Window: 7, Admitted: 98, Own: []uint64{50, 0}, Relayed: 48, Old: []int{1}, Ratio: 0.98},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -82,6 +89,10 @@ func TestCountWindow(t *testing.T) {
 func TestJudge(t *testing.T) {
 	win := func(w int64, admitted uint64, missing ...int) windowCount {
 		return windowCount{Window: w, Admitted: admitted, Ratio: float64(admitted) / 100, Missing: missing}
+	}
+	client := func(wc windowCount, n uint64) windowCount {
+		wc.setClient(n, 100)
+		return wc
 	}
 	tests := []struct {
 		name     string
@@ -131,6 +142,28 @@ func TestJudge(t *testing.T) {
 		pass:     true,
 		warnings: 3,
 		worst:    1,
+	}, {
+		name:     "the clients were told of more than the servers counted: the clients' count is judged",
+		s:        summary{Scenario: "rolling", Windows: []windowCount{client(win(1, 100), 100), client(win(2, 101), 104)}},
+		failures: []string{"1 of 2 windows admitted more than 1.02 × 100 (worst 1.040 in window 2)"},
+		worst:    1.04,
+		over:     1,
+	}, {
+		name:     "a request denied as joining fails any scenario",
+		s:        summary{Scenario: "soak", Windows: []windowCount{win(1, 100)}, Load: loadReport{Reasons: map[string]int64{"admitted": 100, "joining": 3}, Joining: []string{"2.5s: node 1"}}},
+		failures: []string{"3 requests denied as joining (the first: [2.5s: node 1])"},
+		worst:    1,
+	}, {
+		name:     "an upgrade fails on a join timeout and a malformed batch",
+		s:        summary{Scenario: "upgrade", Windows: []windowCount{win(1, 100)}, JoinTimeouts: []string{"node 0: join timed out"}, Malformed: []string{"node 1 (/tmp/old): 12"}},
+		failures: []string{"1 joins timed out", "batches refused as malformed: [node 1 (/tmp/old): 12]"},
+		worst:    1,
+	}, {
+		name:     "a rolling restart warns of them",
+		s:        summary{Scenario: "rolling", Windows: []windowCount{win(1, 100)}, JoinTimeouts: []string{"node 0: join timed out"}, Malformed: []string{"node 1: 2"}},
+		pass:     true,
+		warnings: 2,
+		worst:    1,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -176,10 +209,89 @@ func TestPausePlan(t *testing.T) {
 }
 
 func TestWindowLine(t *testing.T) {
-	got := windowLine(windowCount{Window: 5, Admitted: 104, Own: []uint64{50, 30, 0}, Relayed: 24, Missing: []int{2}, Ratio: 1.04}, 100, 1.02)
-	want := "window 5: 104 admitted (own [50 30 0], relayed 24), 1.040 of 100, nodes [2] did not answer OVER"
+	got := windowLine(windowCount{Window: 5, Admitted: 104, AtClient: 101, Own: []uint64{50, 30, 0}, Relayed: 24, Missing: []int{2}, Ratio: 1.04}, 100, 1.02)
+	want := "window 5: 104 admitted (own [50 30 0], relayed 24), 101 at the clients, 1.040 of 100, nodes [2] did not answer OVER"
 	if got != want {
 		t.Errorf("windowLine:\n got %q\nwant %q", got, want)
+	}
+	got = windowLine(windowCount{Window: 6, Admitted: 60, AtClient: 103, Own: []uint64{60, 0}, Old: []int{1}, Ratio: 1.03}, 100, 1.02)
+	want = "window 6: 60 admitted (own [60 0]), 103 at the clients, 1.030 of 100, nodes [1] cannot tell (an old release) OVER"
+	if got != want {
+		t.Errorf("windowLine:\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestPlaceWindow: an admission's window is the one that ends its
+// reset_after_ms after the round trip's middle, wherever in the window
+// it was decided; a round trip over half a window places nothing.
+func TestPlaceWindow(t *testing.T) {
+	at := func(ms int64) time.Time { return time.UnixMilli(ms) }
+	tests := []struct {
+		sent, recv, ra, wms int64
+		w                   int64
+		ok                  bool
+	}{
+		{sent: 10_000, recv: 10_002, ra: 999, wms: 1000, w: 10, ok: true},  // decided at 10.001 s: window 10 ends at 11 s
+		{sent: 10_998, recv: 11_004, ra: 1, wms: 1000, w: 10, ok: true},    // sent at the end of window 10, decided in it
+		{sent: 10_998, recv: 11_004, ra: 998, wms: 1000, w: 11, ok: true},  // … or just after, in window 11
+		{sent: 10_100, recv: 10_500, ra: 600, wms: 1000, w: 10, ok: true},  // a 400 ms hold, decided at its end: still window 10
+		{sent: 10_100, recv: 10_500, ra: 999, wms: 1000, w: 10, ok: true},  // … or at its start
+		{sent: 10_100, recv: 10_700, ra: 400, wms: 1000, w: 0, ok: false},  // 600 ms: over half a window
+		{sent: 10_000, recv: 9_999, ra: 100, wms: 1000, w: 0, ok: false},   // a clock that went back
+		{sent: 10_000, recv: 10_001, ra: -1, wms: 1000, w: 0, ok: false},   // no reset_after
+		{sent: 20_000, recv: 20_050, ra: 4_975, wms: 5000, w: 4, ok: true}, // 5 s windows: window 4 ends at 25 s
+		{sent: 20_000, recv: 20_050, ra: 0, wms: 5000, w: 3, ok: true},     // decided at the very end of window 3
+	}
+	for _, tt := range tests {
+		w, ok := placeWindow(at(tt.sent), at(tt.recv), tt.ra, tt.wms)
+		if w != tt.w || ok != tt.ok {
+			t.Errorf("placeWindow(%d, %d, %d, %d) = %d %v, want %d %v", tt.sent, tt.recv, tt.ra, tt.wms, w, ok, tt.w, tt.ok)
+		}
+	}
+}
+
+// TestTally: reasons of every answer, the hot key's admissions by window,
+// the first joining denials noted, unplaced admissions counted.
+func TestTally(t *testing.T) {
+	var tl tally
+	since := time.UnixMilli(10_000)
+	at := func(ms int64) time.Time { return time.UnixMilli(ms) }
+	tl.add(0, true, at(10_100), at(10_101), allowAnswer{Allowed: true, Reason: "admitted", ResetAfterMs: 899}, 1000, since)
+	tl.add(1, true, at(10_200), at(10_201), allowAnswer{Allowed: true, Reason: "admitted", ResetAfterMs: 799}, 1000, since)
+	tl.add(1, false, at(10_200), at(10_201), allowAnswer{Allowed: true, Reason: "admitted", ResetAfterMs: 799}, 1000, since) // not the hot key
+	tl.add(2, true, at(11_200), at(11_201), allowAnswer{Reason: "share", ResetAfterMs: 799}, 1000, since)                    // denied
+	tl.add(2, true, at(12_500), at(12_501), allowAnswer{Reason: "joining"}, 1000, since)
+	tl.add(2, true, at(13_000), at(13_900), allowAnswer{Allowed: true, Reason: "admitted", ResetAfterMs: 100}, 1000, since) // too slow to place
+	if got := tl.count(10); got != 2 {
+		t.Errorf("window 10: %d admitted, want 2", got)
+	}
+	if got := tl.count(11); got != 0 {
+		t.Errorf("window 11: %d admitted, want 0 (a denial)", got)
+	}
+	want := map[string]int64{"admitted": 4, "share": 1, "joining": 1}
+	if !reflect.DeepEqual(tl.reasons, want) {
+		t.Errorf("reasons %v, want %v", tl.reasons, want)
+	}
+	if !reflect.DeepEqual(tl.joining, []string{"2.5s: node 2"}) || tl.unplaced != 1 {
+		t.Errorf("joining %q, unplaced %d; want [2.5s: node 2] and 1", tl.joining, tl.unplaced)
+	}
+}
+
+func TestSumMetric(t *testing.T) {
+	text := `# HELP ratemesh_mesh_rejected_total Received batches refused by the validator, by channel and reason.
+# TYPE ratemesh_mesh_rejected_total counter
+ratemesh_mesh_rejected_total{channel="gossip",reason="malformed"} 3
+ratemesh_mesh_rejected_total{channel="gossip",reason="author"} 7
+ratemesh_mesh_rejected_total{channel="sync",reason="malformed"} 2
+ratemesh_mesh_rejected_totalx{channel="sync",reason="malformed"} 100
+ratemesh_messages_refused_total{reason="malformed"} 40
+`
+	got, err := sumMetric(strings.NewReader(text), "ratemesh_mesh_rejected_total", `reason="malformed"`)
+	if err != nil || got != 5 {
+		t.Errorf("sumMetric = %d, %v; want 5", got, err)
+	}
+	if _, err := sumMetric(strings.NewReader(`ratemesh_mesh_rejected_total{reason="malformed"} x`), "ratemesh_mesh_rejected_total", `reason="malformed"`); err == nil {
+		t.Error("a value that is not a number: no error")
 	}
 }
 

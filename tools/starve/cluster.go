@@ -36,8 +36,9 @@ type proc struct {
 }
 
 // member is one node of the cluster: its data dir and libp2p port stay
-// across restarts, as in a deploy.
+// across restarts, as in a deploy; its binary changes in an upgrade.
 type member struct {
+	bin     string
 	dataDir string
 	listen  string
 	p       *proc     // the latest run; nil before the first
@@ -49,28 +50,36 @@ type member struct {
 // cluster runs the serve processes. Its methods are safe for concurrent
 // use.
 type cluster struct {
-	bin, cfg string
-	cg       *cgroup // nil: no CPU quota
-	http     *http.Client
+	cfg  string
+	cg   *cgroup // nil: no CPU quota
+	http *http.Client
 
-	mu      sync.Mutex
-	members []*member
-	skew    []string // "beyond max_skew" lines, prefixed with the node
-	tails   [][]string
+	mu       sync.Mutex
+	members  []*member
+	skew     []string // "beyond max_skew" lines, prefixed with the node
+	timeouts []string // "join timed out" lines, prefixed with the node
+	tails    [][]string
 }
 
 // skewMarker is what the node logs when its clock offset to the mesh is
 // beyond max_skew (node/runtime.go).
 const skewMarker = "beyond max_skew"
 
+// joinTimeoutMarker is what the node logs when it stopped waiting for its
+// peers' state after join_timeout (node/runtime.go, every release since
+// the first).
+const joinTimeoutMarker = "join timed out"
+
+// newCluster returns a cluster of n nodes, each to start on bin.
 func newCluster(bin, dir, cfg string, n int, cg *cgroup) (*cluster, error) {
-	c := &cluster{bin: bin, cfg: cfg, cg: cg, http: &http.Client{Timeout: 5 * time.Second}, tails: make([][]string, n)}
+	c := &cluster{cfg: cfg, cg: cg, http: &http.Client{Timeout: 5 * time.Second}, tails: make([][]string, n)}
 	for i := range n {
 		port, err := freePort()
 		if err != nil {
 			return nil, fmt.Errorf("a libp2p port for node %d: %w", i, err)
 		}
 		c.members = append(c.members, &member{
+			bin:     bin,
 			dataDir: filepath.Join(dir, fmt.Sprintf("n%d", i)),
 			listen:  "/ip4/127.0.0.1/tcp/" + port,
 			down:    true,
@@ -89,15 +98,26 @@ func freePort() (string, error) {
 	return port, err
 }
 
-// start starts node i (again) on its data dir and port, bootstrapped to
-// boot ("" for none), and returns once its ready line is out.
+// setBin makes node i start on bin from its next start on.
+func (c *cluster) setBin(i int, bin string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.members[i].bin = bin
+}
+
+// start starts node i (again) on its binary, data dir and port,
+// bootstrapped to boot ("" for none), and returns once its ready line is
+// out.
 func (c *cluster) start(ctx context.Context, i int, boot string) (*proc, error) {
 	m := c.members[i]
 	args := []string{"serve", "--config", c.cfg, "--api", "127.0.0.1:0", "--listen", m.listen, "--data-dir", m.dataDir}
 	if boot != "" {
 		args = append(args, "--bootstrap", boot)
 	}
-	cmd := exec.Command(c.bin, args...)
+	c.mu.Lock()
+	bin := m.bin
+	c.mu.Unlock()
+	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -172,7 +192,8 @@ func kill(p *proc) {
 	<-p.done
 }
 
-// readStderr keeps node i's last lines and every skew line.
+// readStderr keeps node i's last lines, every skew line and every join
+// timeout.
 func (c *cluster) readStderr(i int, r io.Reader) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -181,6 +202,9 @@ func (c *cluster) readStderr(i int, r io.Reader) {
 		c.mu.Lock()
 		if strings.Contains(line, skewMarker) && len(c.skew) < 1000 {
 			c.skew = append(c.skew, fmt.Sprintf("node %d: %s", i, line))
+		}
+		if strings.Contains(line, joinTimeoutMarker) && len(c.timeouts) < 1000 {
+			c.timeouts = append(c.timeouts, fmt.Sprintf("node %d: %s", i, line))
 		}
 		t := append(c.tails[i], line)
 		if len(t) > 20 {
@@ -201,6 +225,12 @@ func (c *cluster) skewLines() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]string{}, c.skew...)
+}
+
+func (c *cluster) joinTimeouts() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string{}, c.timeouts...)
 }
 
 // running returns the process of node i, or nil while it is down.
@@ -262,6 +292,52 @@ func (c *cluster) peers(ctx context.Context, p *proc) (httpapi.PeersResponse, er
 	var pr httpapi.PeersResponse
 	err := c.getJSON(ctx, p, "/v1/peers", &pr)
 	return pr, err
+}
+
+// malformed reads p's count of received batches it refused as malformed:
+// the sum of ratemesh_mesh_rejected_total{reason="malformed"} over its
+// channels, which every release since 821b92d exports. A node refuses a
+// peer's batch as malformed when it cannot decode it, as a release that
+// predates a field refuses a batch carrying it.
+func (c *cluster) malformed(ctx context.Context, p *proc) (uint64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.ready.API+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET /metrics: %d", resp.StatusCode)
+	}
+	return sumMetric(resp.Body, "ratemesh_mesh_rejected_total", `reason="malformed"`)
+}
+
+// sumMetric sums the samples of Prometheus text exposition r named name
+// whose labels contain label.
+func sumMetric(r io.Reader, name, label string) (uint64, error) {
+	var sum uint64
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name+"{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(rest, "} ")
+		if !ok || !strings.Contains(labels, label) {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %q: %v", name, line, err)
+		}
+		sum += uint64(f)
+	}
+	return sum, sc.Err()
 }
 
 // statusError is an answer other than 200.

@@ -33,8 +33,9 @@ func dialAllow(api string) (*allowConn, error) {
 }
 
 type allowAnswer struct {
-	Allowed bool   `json:"allowed"`
-	Reason  string `json:"reason"`
+	Allowed      bool   `json:"allowed"`
+	Reason       string `json:"reason"`
+	ResetAfterMs int64  `json:"reset_after_ms"`
 }
 
 // allow sends body and reads the decision.
@@ -78,15 +79,79 @@ type stream struct {
 // keep-alive connections, paced open-loop: each worker sends on a fixed
 // schedule, and one that falls more than 100 ms behind drops the backlog
 // (counted in missed), so the offered rate says what the host allowed.
+// It tallies every answer's reason and the hot key's admissions by window
+// (tally).
 type generator struct {
 	c     *cluster
 	rule  string
+	wms   int64 // the rule's window, ms
 	rr    atomic.Uint64
 	start time.Time
 	end   time.Time // when wait was called: the load's end
 	wg    sync.WaitGroup
 	hot   stream
 	keys  stream
+	tally tally
+}
+
+// tally is what the clients were told: answers by reason, the hot key's
+// admissions by window, and the first denials as joining. Safe for
+// concurrent use.
+type tally struct {
+	mu       sync.Mutex
+	reasons  map[string]int64
+	byWindow map[int64]uint64
+	unplaced uint64   // hot admissions whose window the answer could not tell
+	joining  []string // the first joining denials: when, which node
+}
+
+// maxJoiningNoted is how many joining denials tally describes.
+const maxJoiningNoted = 10
+
+// placeWindow returns the window an admission answered between sent and
+// recv with reset_after_ms ra was counted in, for windows of wms: the
+// window that ends ra after the decision, taken at the round trip's
+// middle, so off by at most half the round trip (plus the node's mesh
+// offset, milliseconds on one host) from a window's end. ok is false when
+// the round trip took over half a window: too long to tell.
+func placeWindow(sent, recv time.Time, ra, wms int64) (w int64, ok bool) {
+	rt := recv.Sub(sent).Milliseconds()
+	if rt < 0 || 2*rt > wms || ra < 0 {
+		return 0, false
+	}
+	end := sent.UnixMilli() + rt/2 + ra
+	return (end+wms/2)/wms - 1, true
+}
+
+// count returns the hot key's admitted answers placed in window w.
+func (t *tally) count(w int64) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.byWindow[w]
+}
+
+// add records one answer from node at recv; hot marks the hot key's.
+func (t *tally) add(node int, hot bool, sent, recv time.Time, ans allowAnswer, wms int64, since time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.reasons == nil {
+		t.reasons, t.byWindow = map[string]int64{}, map[int64]uint64{}
+	}
+	reason := ans.Reason
+	if reason == "" {
+		reason = "(none)"
+	}
+	t.reasons[reason]++
+	if reason == "joining" && len(t.joining) < maxJoiningNoted {
+		t.joining = append(t.joining, fmt.Sprintf("%.1fs: node %d", recv.Sub(since).Seconds(), node))
+	}
+	if hot && ans.Allowed {
+		if w, ok := placeWindow(sent, recv, ans.ResetAfterMs, wms); ok {
+			t.byWindow[w]++
+		} else {
+			t.unplaced++
+		}
+	}
 }
 
 // run starts the hot key's flood (rate per second, workers connections)
@@ -97,12 +162,12 @@ func (g *generator) run(ctx context.Context, hotRate float64, workers int, nKeys
 	g.hot.rate, g.keys.rate = hotRate, keyRate
 	if hotRate > 0 {
 		body := fmt.Appendf(nil, `{"rule":%q,"key":"hot"}`, g.rule)
-		g.spawn(ctx, &g.hot, workers, func(uint64) []byte { return body })
+		g.spawn(ctx, &g.hot, true, workers, func(uint64) []byte { return body })
 	}
 	if keyRate > 0 && nKeys > 0 {
 		var n atomic.Uint64
 		kw := max(2*len(g.c.members), min(32, int(keyRate/50))) // every node gets some
-		g.spawn(ctx, &g.keys, kw, func(uint64) []byte {
+		g.spawn(ctx, &g.keys, false, kw, func(uint64) []byte {
 			return fmt.Appendf(nil, `{"rule":%q,"key":"k-%d"}`, g.rule, n.Add(1)%uint64(nKeys))
 		})
 	}
@@ -114,7 +179,7 @@ func (g *generator) wait() {
 	g.wg.Wait()
 }
 
-func (g *generator) spawn(ctx context.Context, s *stream, workers int, body func(uint64) []byte) {
+func (g *generator) spawn(ctx context.Context, s *stream, hot bool, workers int, body func(uint64) []byte) {
 	every := time.Duration(float64(workers) / s.rate * float64(time.Second))
 	for w := range workers {
 		g.wg.Add(1)
@@ -141,7 +206,7 @@ func (g *generator) spawn(ctx context.Context, s *stream, workers int, body func
 					s.missed.Add(int64(now.Sub(next) / every))
 					next = now
 				}
-				p := g.pick(w)
+				p, node := g.pick(w)
 				if p == nil {
 					continue
 				}
@@ -155,6 +220,7 @@ func (g *generator) spawn(ctx context.Context, s *stream, workers int, body func
 					}
 					conns[p] = c
 				}
+				sent := time.Now()
 				ans, err := c.allow(body(n))
 				if err != nil {
 					s.failed.Add(1)
@@ -162,6 +228,7 @@ func (g *generator) spawn(ctx context.Context, s *stream, workers int, body func
 					delete(conns, p)
 					continue
 				}
+				g.tally.add(node, hot, sent, time.Now(), ans, g.wms, g.start)
 				if ans.Allowed {
 					s.yes.Add(1)
 				}
@@ -170,20 +237,21 @@ func (g *generator) spawn(ctx context.Context, s *stream, workers int, body func
 	}
 }
 
-// pick returns worker w's node, w modulo the nodes, while it runs (a
-// pause holds up that node's workers only), else the next running node
-// round-robin; nil when none is.
-func (g *generator) pick(w int) *proc {
+// pick returns worker w's node and its index, w modulo the nodes, while
+// it runs (a pause holds up that node's workers only), else the next
+// running node round-robin; nil when none is.
+func (g *generator) pick(w int) (*proc, int) {
 	n := len(g.c.members)
 	if p := g.c.running(w % n); p != nil {
-		return p
+		return p, w % n
 	}
 	for range n {
-		if p := g.c.running(int(g.rr.Add(1) % uint64(n))); p != nil {
-			return p
+		i := int(g.rr.Add(1) % uint64(n))
+		if p := g.c.running(i); p != nil {
+			return p, i
 		}
 	}
-	return nil
+	return nil, -1
 }
 
 // report says what was offered over the run so far. A worker waits for
@@ -212,6 +280,14 @@ func (g *generator) report(r *loadReport, paused time.Duration) {
 	}
 	r.Up = up
 	r.FellBehind = r.HotOffered < 0.9*up*r.HotTarget || r.KeysOffered < 0.9*up*r.KeysTarget
+	g.tally.mu.Lock()
+	defer g.tally.mu.Unlock()
+	r.Reasons = make(map[string]int64, len(g.tally.reasons))
+	for k, v := range g.tally.reasons {
+		r.Reasons[k] = v
+	}
+	r.Joining = append([]string{}, g.tally.joining...)
+	r.Unplaced = g.tally.unplaced
 }
 
 // burst sends n requests for key over the running nodes at once from

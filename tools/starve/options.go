@@ -13,6 +13,7 @@ import (
 // options are the harness's flags; defaultOptions gives each default.
 type options struct {
 	Bin        string
+	OldBin     string
 	Nodes      int
 	Limit      int
 	Window     time.Duration
@@ -70,13 +71,14 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		fmt.Fprintf(out, "usage: go run ./tools/starve [flags]\n\n%s\n\nflags:\n", usageText)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.Bin, "bin", o.Bin, "the ratemesh binary (default: build ./cmd/ratemesh into the run's temp dir)")
+	fs.StringVar(&o.Bin, "bin", o.Bin, "the ratemesh binary (default: build ./cmd/ratemesh into the run's temp dir); upgrade: the new build")
+	fs.StringVar(&o.OldBin, "old-bin", o.OldBin, "upgrade: the binary of the release the cluster starts on (required)")
 	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "serve processes, 1 to 9 (crash: at least 3)")
 	fs.IntVar(&o.Limit, "limit", o.Limit, "the hot rule's limit per window")
 	fs.DurationVar(&o.Window, "window", o.Window, "the hot rule's window, 100ms to 10s")
 	fs.StringVar(&o.Policy, "policy", o.Policy, "mesh.partition_policy: strict or available")
-	fs.StringVar(&o.Scenario, "scenario", o.Scenario, "soak, rolling, crash or burst")
-	fs.DurationVar(&o.Duration, "duration", o.Duration, "how long the load runs (rolling: before and after the restarts, at least)")
+	fs.StringVar(&o.Scenario, "scenario", o.Scenario, "soak, rolling, upgrade, crash or burst")
+	fs.DurationVar(&o.Duration, "duration", o.Duration, "how long the load runs (rolling: before and after the restarts, at least; upgrade: the restarts spread over it)")
 	fs.Float64Var(&o.Flood, "flood", o.Flood, "the hot key's offered rate as a multiple of the limit, 0 to 100")
 	fs.IntVar(&o.Keys, "keys", o.Keys, "rotating keys, 0 to 1000000")
 	fs.Float64Var(&o.KeyRate, "key-rate", o.KeyRate, "requests per second over the rotating keys")
@@ -86,7 +88,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.BoolVar(&o.Pauses, "pauses", o.Pauses, "pause serve processes at random (SIGSTOP for 50–500 ms, then SIGCONT)")
 	fs.DurationVar(&o.PauseEvery, "pause-every", o.PauseEvery, "mean gap between two pauses")
 	fs.Int64Var(&o.Seed, "seed", o.Seed, "seeds the pauses")
-	fs.StringVar(&o.Signal, "signal", o.Signal, "rolling: kill (SIGKILL) or term (SIGTERM)")
+	fs.StringVar(&o.Signal, "signal", o.Signal, "rolling, upgrade: kill (SIGKILL) or term (SIGTERM)")
 	fs.IntVar(&o.Burst, "burst", o.Burst, "burst: requests in one window, all to be admitted")
 	fs.IntVar(&o.BurstLimit, "burst-limit", o.BurstLimit, "burst: the burst rule's limit per window")
 	fs.DurationVar(&o.ShareWait, "share-wait", o.ShareWait, "share_wait of both rules (default: the node's, stretched as acknowledgements slow)")
@@ -105,9 +107,19 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 const usageText = `starve runs ratemesh serve processes on 127.0.0.1 on a host kept busy
 (busy loops, a cgroup CPU quota, random SIGSTOP pauses), floods a hot key,
 and counts every window's admissions at the servers (/v1/usage?window=N,
-each node's own slot). It exits 1 when a window admits more than
---bound × --limit, a burst admits fewer than --burst, or a node logs a
-clock skew.`
+each node's own slot) and at the clients (each admitted answer's window,
+from its reset_after_ms). It exits 1 when a window admits more than
+--bound × --limit, a burst admits fewer than --burst, a node logs a clock
+skew, or a request is denied as joining.
+
+--scenario upgrade starts the cluster on --old-bin and brings each node
+back on --bin, one at a time, under the load; it also fails when a node's
+join times out or a node refuses a peer's batch as malformed. An old
+release to start on:
+
+  git worktree add --detach /tmp/rm-821b92d 821b92d
+  (cd /tmp/rm-821b92d && go build -o /tmp/ratemesh-821b92d ./cmd/ratemesh)
+  go run ./tools/starve --scenario upgrade --old-bin /tmp/ratemesh-821b92d --flood 3`
 
 // validate checks o; its errors name the flag.
 func (o *options) validate() error {
@@ -116,15 +128,21 @@ func (o *options) validate() error {
 		errs = append(errs, fmt.Errorf("--%s: %s", flag, fmt.Sprintf(format, args...)))
 	}
 	switch o.Scenario {
-	case "soak", "rolling", "crash", "burst":
+	case "soak", "rolling", "upgrade", "crash", "burst":
 	default:
-		bad("scenario", "%q is not soak, rolling, crash or burst", o.Scenario)
+		bad("scenario", "%q is not soak, rolling, upgrade, crash or burst", o.Scenario)
+	}
+	switch {
+	case o.Scenario == "upgrade" && o.OldBin == "":
+		bad("old-bin", "the upgrade scenario needs the old release's binary to start on")
+	case o.Scenario != "upgrade" && o.OldBin != "":
+		bad("old-bin", "only the upgrade scenario starts on another binary, not %s", o.Scenario)
 	}
 	if o.Nodes < 1 || o.Nodes > 9 {
 		bad("nodes", "%d is not within 1 to 9", o.Nodes)
 	} else if o.Nodes < 3 && o.Scenario == "crash" {
 		bad("nodes", "a crash under strict needs at least 3 nodes, got %d", o.Nodes)
-	} else if o.Nodes < 2 && o.Scenario == "rolling" {
+	} else if o.Nodes < 2 && (o.Scenario == "rolling" || o.Scenario == "upgrade") {
 		bad("nodes", "a rolling restart needs at least 2 nodes, got %d", o.Nodes)
 	}
 	if o.Limit < 1 || o.Limit > 1_000_000 {

@@ -21,6 +21,9 @@ func TestParseFlags(t *testing.T) {
 	if o, err = parseFlags(nil, &bytes.Buffer{}); err != nil || o.Scenario != "soak" || o.Nodes != 3 || o.Keys != 20000 || o.Flood != 10 || o.Bound != 1.02 {
 		t.Errorf("defaults: %+v %v", o, err)
 	}
+	if o, err := parseFlags([]string{"--scenario", "upgrade", "--old-bin", "/tmp/old", "--bin", "/tmp/new", "--signal", "term"}, &bytes.Buffer{}); err != nil || o.OldBin != "/tmp/old" || o.Bin != "/tmp/new" || o.Scenario != "upgrade" {
+		t.Errorf("upgrade: %+v %v", o, err)
+	}
 	cfg := o.config()
 	for _, want := range []string{"partition_policy: strict", "{name: hot, algorithm: fixed_window, limit: 100, window: 1000ms}", "{name: burst, algorithm: fixed_window, limit: 1000, window: 1000ms}"} {
 		if !strings.Contains(cfg, want) {
@@ -63,6 +66,9 @@ func TestParseFlagsErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--burst-limit", "0"}, "--burst-limit: 0 is not within"},
 		{[]string{"--share-wait", "2s"}, "--share-wait: 2s is not a whole number of milliseconds within 0 to 1s"},
 		{[]string{"--bound", "0.5"}, "--bound: 0.5 is not within 1 to 10"},
+		{[]string{"--scenario", "upgrade"}, "--old-bin: the upgrade scenario needs the old release's binary"},
+		{[]string{"--old-bin", "/tmp/old"}, "--old-bin: only the upgrade scenario starts on another binary, not soak"},
+		{[]string{"--scenario", "upgrade", "--old-bin", "/tmp/old", "--nodes", "1"}, "--nodes: a rolling restart needs at least 2"},
 		{[]string{"--busy", "x"}, `invalid value "x" for flag -busy`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	}

@@ -95,6 +95,16 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 	} else if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("--bin: %w", err)
 	}
+	o.Bin = bin
+	start := bin
+	if o.Scenario == "upgrade" {
+		if _, err := os.Stat(o.OldBin); err != nil {
+			return nil, fmt.Errorf("--old-bin: %w", err)
+		}
+		start = o.OldBin
+		s.Upgrade = &upgradeReport{OldBin: o.OldBin, NewBin: bin}
+		logf("the cluster starts on %s; each node comes back on %s", o.OldBin, bin)
+	}
 	cfg := filepath.Join(dir, "ratemesh.yaml")
 	if err := os.WriteFile(cfg, []byte(o.config()), 0o644); err != nil {
 		return nil, err
@@ -117,7 +127,7 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 		}
 	}
 
-	c, err := newCluster(bin, dir, cfg, o.Nodes, cg)
+	c, err := newCluster(start, dir, cfg, o.Nodes, cg)
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +177,7 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 	// The load and the counting.
 	lctx, stopLoad := context.WithCancel(sctx)
 	defer stopLoad()
-	g := &generator{c: c, rule: hotRule}
+	g := &generator{c: c, rule: hotRule, wms: o.Window.Milliseconds()}
 	g.run(lctx, o.hotRate(), o.Workers, o.Keys, o.KeyRate)
 	k := &counter{c: c, wms: o.Window.Milliseconds()}
 	end := make(chan time.Time, 1)
@@ -178,6 +188,9 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 		go func() {
 			defer cw.Done()
 			counted = k.run(sctx, hotRule, "hot", uint64(o.Limit), g.start, end, func(wc windowCount) {
+				// The clients' count so far: the window ended half a
+				// window ago (set again once the load has stopped).
+				wc.setClient(g.tally.count(wc.Window), uint64(o.Limit))
 				if o.Verbose {
 					logf("%s", windowLine(wc, uint64(o.Limit), o.Bound))
 				}
@@ -191,6 +204,14 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 	g.report(&s.Load, time.Duration(pz.paused.Load()))
 	end <- time.Now()
 	cw.Wait()
+	for i := range counted {
+		counted[i].setClient(g.tally.count(counted[i].Window), uint64(o.Limit))
+	}
+	if o.Scenario == "rolling" || o.Scenario == "upgrade" {
+		for i := range c.members {
+			s.noteMalformed(ctx, c, i)
+		}
+	}
 	stopStarve()
 	bg.Wait()
 	s.Starve.Pauses, s.Starve.PausedMs = int(pz.pauses.Load()), time.Duration(pz.paused.Load()).Milliseconds()
@@ -205,6 +226,7 @@ func run(ctx context.Context, o options, log io.Writer, r *rand.Rand) (*summary,
 	s.Windows = counted
 	s.Events = events
 	s.SkewLines = append(s.SkewLines, c.skewLines()...)
+	s.JoinTimeouts = append([]string{}, c.joinTimeouts()...)
 	s.ElapsedSec = time.Since(began).Seconds()
 	s.judge()
 	return s, nil
@@ -240,21 +262,36 @@ func runScenario(ctx context.Context, o options, c *cluster, k *counter, pz *pau
 		}
 		event("node %d SIGKILLed, kept down", last)
 		sleepCtx(ctx, time.Until(start.Add(o.Duration)))
-	case "rolling":
+	case "rolling", "upgrade":
 		sig, name := syscall.SIGKILL, "SIGKILL"
 		if o.Signal == "term" {
 			sig, name = syscall.SIGTERM, "SIGTERM"
 		}
-		before := min(2*time.Second, o.Duration/2)
+		// A rolling restart stops a node a second; an upgrade spreads the
+		// restarts over the load, so that every mix of the two releases
+		// (all old, one new, …, all new) runs for an equal share of it.
+		before, gap := min(2*time.Second, o.Duration/2), time.Second
+		if o.Scenario == "upgrade" {
+			gap = max(time.Second, o.Duration/time.Duration(o.Nodes+1))
+			before = gap
+		}
 		if !sleepCtx(ctx, before) {
 			return nil
 		}
 		for i := range o.Nodes {
+			if i > 0 && !sleepCtx(ctx, time.Until(start.Add(before+time.Duration(i)*gap))) {
+				return nil
+			}
+			s.noteMalformed(ctx, c, i)
 			stopped := time.Now()
 			if err := c.stop(i, sig); err != nil {
 				return err
 			}
 			event("node %d: %s", i, name)
+			if o.Scenario == "upgrade" {
+				c.setBin(i, o.Bin)
+				event("node %d: restarting on the new build", i)
+			}
 			seed := c.running((i + 1) % o.Nodes)
 			if seed == nil {
 				return fmt.Errorf("rolling: node %d is not running to bootstrap node %d", (i+1)%o.Nodes, i)
@@ -272,6 +309,9 @@ func runScenario(ctx context.Context, o options, c *cluster, k *counter, pz *pau
 			if !sleepCtx(ctx, time.Until(stopped.Add(time.Second))) {
 				return nil
 			}
+		}
+		if o.Scenario == "upgrade" {
+			event("every node runs the new build")
 		}
 		sleepCtx(ctx, max(before, time.Until(start.Add(o.Duration))))
 	case "burst":
@@ -306,6 +346,28 @@ func runScenario(ctx context.Context, o options, c *cluster, k *counter, pz *pau
 		}
 	}
 	return nil
+}
+
+// noteMalformed reads node i's count of batches refused as malformed, if
+// it runs, and notes a count above zero in s.Malformed, naming the
+// node's binary.
+func (s *summary) noteMalformed(ctx context.Context, c *cluster, i int) {
+	p := c.running(i)
+	if p == nil {
+		return
+	}
+	c.mu.Lock()
+	bin := c.members[i].bin
+	c.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := c.malformed(rctx, p)
+	switch {
+	case err != nil:
+		s.Warnings = append(s.Warnings, fmt.Sprintf("node %d (%s): malformed count not read: %v", i, bin, err))
+	case n > 0:
+		s.Malformed = append(s.Malformed, fmt.Sprintf("node %d (%s): %d", i, bin, n))
+	}
 }
 
 // counter counts windows at the servers.
@@ -389,7 +451,11 @@ func (k *counter) count(ctx context.Context, rule, key string, w int64, limit ui
 				}
 				var se *statusError
 				if errors.As(err, &se) && se.code == http.StatusBadRequest {
-					return // the window is gone at that node
+					// The window is gone at that node, or its release
+					// predates window=N (27aa619): "window: unknown
+					// query parameter".
+					views[i].Old = strings.Contains(se.msg, "window: unknown query parameter")
+					return
 				}
 				sleepCtx(ctx, 50*time.Millisecond)
 			}

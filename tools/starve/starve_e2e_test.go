@@ -1,12 +1,16 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -118,5 +122,158 @@ func TestStarveSoak(t *testing.T) {
 	}
 	if s.Pass != (s.Over == 0 && len(s.SkewLines) == 0) {
 		t.Errorf("verdict %v with %d windows over and failures %q", s.Pass, s.Over, s.Failures)
+	}
+}
+
+// upgradeFrom is the release TestStarveUpgrade starts on: main when issue
+// 25 began, whose decoder refuses any field it does not know.
+const upgradeFrom = "821b92d"
+
+// buildAt builds ./cmd/ratemesh of commit into dir, from this clone's
+// history (git archive, so the clone's worktrees are left alone); it
+// skips the test when git or the commit is missing (a shallow clone, a
+// source tarball).
+func buildAt(t *testing.T, commit, dir string) string {
+	t.Helper()
+	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skipf("not in a git clone (git rev-parse: %v): cannot build %s", err, commit)
+	}
+	repo := strings.TrimSpace(string(top))
+	if err := exec.Command("git", "-C", repo, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
+		t.Skipf("commit %s is not in this clone (a shallow clone?): fetch the history to run the upgrade", commit)
+	}
+	src := filepath.Join(dir, "src-"+commit)
+	archive := exec.Command("git", "-C", repo, "archive", "--format=tar", commit)
+	out, err := archive.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := archive.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := untar(out, src); err != nil {
+		t.Fatalf("git archive %s: %v", commit, err)
+	}
+	if err := archive.Wait(); err != nil {
+		t.Fatalf("git archive %s: %v", commit, err)
+	}
+	bin := filepath.Join(dir, "ratemesh-"+commit)
+	build := exec.Command("go", "build", "-o", bin, "./cmd/ratemesh")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", commit, err, out)
+	}
+	return bin
+}
+
+// untar extracts the regular files and directories of tar stream r
+// under dir.
+func untar(r io.Reader, dir string) error {
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		p := filepath.Join(dir, filepath.FromSlash(h.Name))
+		if !strings.HasPrefix(p, filepath.Clean(dir)+string(filepath.Separator)) {
+			return fmt.Errorf("%q leaves the directory", h.Name)
+		}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return err
+			}
+			f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode)&0o755|0o600)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// TestStarveUpgrade is issue 25's rolling upgrade end to end: three serve
+// processes of 821b92d under 3× the limit, brought back one at a time on
+// this build (SIGTERM, as docs/operations.md says to upgrade), every mix
+// of the two releases running a quarter of the load. No request may be
+// denied as joining, no join may time out, no node may refuse a peer's
+// batch as malformed, and no window may admit more than 1.02 × the limit
+// (at the servers or at the clients). It builds 821b92d from this clone's
+// history (about 30 s), so it runs only with RATEMESH_UPGRADE=1, as
+// .ci/run sets it.
+func TestStarveUpgrade(t *testing.T) {
+	if os.Getenv("RATEMESH_UPGRADE") != "1" {
+		t.Skip("RATEMESH_UPGRADE=1 runs it: builds " + upgradeFrom + " from git and upgrades three processes under load, about a minute")
+	}
+	dir := t.TempDir()
+	old := buildAt(t, upgradeFrom, dir)
+	bin := filepath.Join(dir, "ratemesh")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/ratemesh").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	o, err := parseFlags([]string{"--scenario", "upgrade", "--old-bin", old, "--bin", bin, "--signal", "term",
+		"--duration", "16s", "--flood", "3", "--keys", "1000", "--key-rate", "100", "--workers", "8", "--busy", "0"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var log bytes.Buffer
+	s, err := run(ctx, o, &log, rand.New(rand.NewSource(o.Seed)))
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, log.String())
+	}
+	var out bytes.Buffer
+	printSummary(&out, s)
+	t.Logf("%s", out.String())
+	if left := children(t); len(left) > 0 {
+		t.Errorf("children left after the run: %v", left)
+	}
+	for i := range o.Nodes {
+		if !slices.ContainsFunc(s.Events, func(e string) bool {
+			return strings.HasSuffix(e, fmt.Sprintf("node %d: restarting on the new build", i))
+		}) {
+			t.Errorf("node %d was not restarted on the new build: %q", i, s.Events)
+		}
+	}
+	// Windows of every mix: all old (no node can count at the servers),
+	// mixed (the old nodes' slots from the new ones' views), all new.
+	var allOld, mixed, allNew int
+	for _, w := range s.Windows {
+		switch {
+		case len(w.Old) == o.Nodes:
+			allOld++
+		case len(w.Old) > 0:
+			mixed++
+		default:
+			allNew++
+		}
+		if w.AtClient == 0 {
+			t.Errorf("window %d: no admission at the clients: %+v", w.Window, w)
+		}
+	}
+	if allOld == 0 || mixed == 0 || allNew == 0 {
+		t.Errorf("windows counted: %d all old, %d mixed, %d all new; want each", allOld, mixed, allNew)
+	}
+	if n := s.Load.Reasons["joining"]; n > 0 || len(s.JoinTimeouts) > 0 || len(s.Malformed) > 0 {
+		t.Errorf("%d denied as joining %v, join timeouts %q, refused as malformed %q", n, s.Load.Joining, s.JoinTimeouts, s.Malformed)
+	}
+	if !s.Pass {
+		t.Errorf("the upgrade failed: %q", s.Failures)
 	}
 }
