@@ -853,9 +853,9 @@ func (s *Server) evict(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct{}{})
 }
 
-// health answers /healthz and /readyz: 200 ready, 503 joining or fenced
-// (the member denies every decision), so a load balancer or a Kubernetes
-// readiness probe sends it no traffic.
+// health answers /healthz and /readyz: 200 ready, 503 joining, fenced or
+// stale (the member denies every decision), so a load balancer or a
+// Kubernetes readiness probe sends it no traffic.
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	h := s.cfg.Node.Health()
 	status := http.StatusServiceUnavailable

@@ -120,10 +120,11 @@ type ErrorResponse struct {
 }
 
 // HealthResponse answers GET /healthz and GET /readyz: state "ready"
-// (200), "joining" (503; also while rejoining after a partition healed) or
+// (200), "joining" (503; also while rejoining after a partition healed),
 // "fenced" (503: under the strict policy this node's side of a partition
-// holds no majority of the members). GET /livez answers it with 200 in
-// every state: the process serves.
+// holds no majority of the members) or "stale" (503: under the strict
+// policy the members it hears have not acknowledged its batches lately).
+// GET /livez answers it with 200 in every state: the process serves.
 type HealthResponse struct {
 	State string `json:"state"`
 }

@@ -577,9 +577,15 @@ const (
 	// HealthFenced: under the strict policy, its side of a partition
 	// holds no majority of the members; decisions are denied.
 	HealthFenced
+	// HealthStale: under the strict policy, the members it hears have
+	// not acknowledged its batches lately (Core.Stale: an overloaded
+	// host queueing its output, a one-way slow link); decisions are
+	// denied (reason stale) until they do. Under the available policy a
+	// stale member still serves, within its share, and stays ready.
+	HealthStale
 )
 
-var healthNames = [...]string{"joining", "ready", "fenced"}
+var healthNames = [...]string{"joining", "ready", "fenced", "stale"}
 
 func (h Health) String() string {
 	if int(h) < len(healthNames) {
@@ -596,12 +602,14 @@ func (n *Node) noteHealth() {
 		h = HealthJoining
 	case n.core.Fenced():
 		h = HealthFenced
+	case n.core.Stale() && n.cfg.Policy == Strict:
+		h = HealthStale
 	}
 	n.health.Store(int32(h))
 }
 
 // Health reports whether the member serves decisions now, or why not:
-// joining, or fenced (/healthz answers it).
+// joining, fenced or stale (/healthz and /readyz answer it).
 func (n *Node) Health() Health { return Health(n.health.Load()) }
 
 // answer sends the member's full state to peers that connected.

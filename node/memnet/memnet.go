@@ -53,11 +53,12 @@ type Hub struct {
 	delay   time.Duration
 	members map[string]*Transport
 	cut     map[[2]string]bool
+	oneWay  map[[2]string]bool // (from, to) cut in that direction only
 }
 
 // NewHub returns an empty hub with no delay and no cut links.
 func NewHub() *Hub {
-	return &Hub{members: make(map[string]*Transport), cut: make(map[[2]string]bool)}
+	return &Hub{members: make(map[string]*Transport), cut: make(map[[2]string]bool), oneWay: make(map[[2]string]bool)}
 }
 
 // SetDelay sets the latency of every delivery sent from now on (0, the
@@ -129,11 +130,28 @@ func (h *Hub) Resume(a, b string) {
 	delete(h.cut, pair(a, b))
 }
 
+// CutOneWay breaks the link from a to b only: b hears nothing from a,
+// including batches already in flight, while a still hears b (an output
+// queue that stalled, a one-way slow link). ResumeOneWay restores it.
+func (h *Hub) CutOneWay(from, to string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.oneWay[[2]string{from, to}] = true
+}
+
+// ResumeOneWay restores the link from a to b that CutOneWay broke, as a
+// connection that stayed up (see Resume).
+func (h *Hub) ResumeOneWay(from, to string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.oneWay, [2]string{from, to})
+}
+
 // reachable reports whether a batch from a may reach b.
 func (h *Hub) reachable(a, b string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.cut[pair(a, b)]
+	return !h.cut[pair(a, b)] && !h.oneWay[[2]string{a, b}]
 }
 
 func (h *Hub) attach(t *Transport) error {
