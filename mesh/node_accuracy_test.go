@@ -59,8 +59,16 @@ func TestNodeJoinsMidWindow(t *testing.T) {
 		if d := usageDiff(ms, "api", "k"); d != "" {
 			return false, d
 		}
+		// A forwarded request whose answer came back after the hold's
+		// deadline may have been admitted where it was forwarded, unseen
+		// by the caller: each such counts one more than the callers saw.
+		var abandoned uint64
+		for _, x := range ms {
+			abandoned += x.n.HoldStats().ForwardsAbandoned
+		}
 		rep, _ := ms[0].n.Usage("api", "k")
-		return rep.Total == spent, fmt.Sprintf("members hold %d, want %d", rep.Total, spent)
+		return rep.Total >= spent && rep.Total <= spent+abandoned,
+			fmt.Sprintf("members hold %d, want %d (+ up to %d forwards abandoned)", rep.Total, spent, abandoned)
 	})
 
 	var boot []*mesh.Mesh

@@ -225,6 +225,7 @@ func (n *Node) forwardDecision(ctx context.Context, deadline time.Time, peers []
 		req.Hold = max(time.Until(deadline)-forwardMargin, 0)
 		resp, err := n.forwardTo(ctx, p, req)
 		if err != nil {
+			n.fwdAbandoned.Add(1) // p may have admitted it: see HoldStats
 			if ctx.Err() != nil {
 				return nil, false
 			}

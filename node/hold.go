@@ -50,11 +50,18 @@ type HoldStats struct {
 	// Forwards counts requests sent to other members: leases renewed or
 	// released at their owner, and lottery losers' requests.
 	Forwards uint64
+	// ForwardsAbandoned counts forwarded requests that got no answer (a
+	// stream error, or none before the hold's deadline). The member asked
+	// may have admitted the request, counting it against the limit while
+	// this member answers from its own hold: each can leave one request's
+	// credits of the limit unused (never more admitted than the limit).
+	ForwardsAbandoned uint64
 }
 
 // HoldStats returns a snapshot of the hold and forward counters.
 func (n *Node) HoldStats() HoldStats {
-	return HoldStats{Held: n.held.Load(), HeldAdmitted: n.heldAdmitted.Load(), HeldDenied: n.heldDenied.Load(), Forwards: n.forwards.Load()}
+	return HoldStats{Held: n.held.Load(), HeldAdmitted: n.heldAdmitted.Load(), HeldDenied: n.heldDenied.Load(),
+		Forwards: n.forwards.Load(), ForwardsAbandoned: n.fwdAbandoned.Load()}
 }
 
 // ShareWait returns how long a share denial of rule is held: the rule's

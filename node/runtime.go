@@ -200,7 +200,7 @@ type Node struct {
 	fwd     Forwarder           // the Transport's, or nil
 	fwdBusy map[string]struct{} // guarded by mu: rules and keys with a lottery forward under way
 
-	held, heldAdmitted, heldDenied, forwards atomic.Uint64 // HoldStats
+	held, heldAdmitted, heldDenied, forwards, fwdAbandoned atomic.Uint64 // HoldStats
 
 	// The run loop's note of clock samples refused (see tick): how many
 	// it last logged, and when.
