@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc"
 )
 
 // errDone is what an op returns when it has no more work: the phase ends
@@ -36,7 +38,7 @@ type worker struct {
 	buf bytes.Buffer
 	// The node's addresses this worker talks to, and its gRPC stubs.
 	node *node
-	rpc  any
+	rpc  *grpc.ClientConn
 
 	// One phase's tallies.
 	lat                         []time.Duration

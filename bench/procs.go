@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ratemesh/ratemesh/httpapi"
 )
 
 // proc is one server process the harness started.
@@ -337,7 +339,7 @@ func startRatemesh(ctx context.Context, ps *procs, bin, cfg, envoyCfg, name stri
 			if nd.p.exited() {
 				return fmt.Errorf("%s exited; its last lines:\n%s", nd.p.name, nd.p.lastLines())
 			}
-			var pr rmPeers
+			var pr httpapi.PeersResponse
 			if err := getJSON(ctx, hc, "http://"+nd.http+"/v1/peers", &pr); err != nil {
 				return err
 			}

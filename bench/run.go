@@ -9,8 +9,6 @@ import (
 	"runtime"
 	"strings"
 	"time"
-
-	guber "github.com/gubernator-io/gubernator/v2"
 )
 
 // The single-node scenarios' limit: one no key reaches, so that every
@@ -188,7 +186,11 @@ func (b *bench) single(ctx context.Context) error {
 		case "healthz":
 			add(s, rmD.rmHealthz(), gbD.gbHealth())
 		case "grpc":
-			add(s, rmD.rmRLS(keys), gbD.gbGRPC(tputLimit, keys))
+			rmOp, err := rmD.rmRLS(keys)
+			if err != nil {
+				return err
+			}
+			add(s, rmOp, gbD.gbGRPC(tputLimit, keys))
 		}
 	}
 	if o.Warmup > 0 {
@@ -251,7 +253,7 @@ func (b *bench) cluster(ctx context.Context) error {
 	defer gbD.close()
 	acc := limitSpec{name: "acc", limit: int64(o.Limit), window: o.Window}
 	global := acc
-	global.behavior = guber.Behavior_GLOBAL
+	global.behavior = guberGlobal
 	type sys struct {
 		name         string
 		d            *driver

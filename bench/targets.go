@@ -14,9 +14,11 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	guber "github.com/gubernator-io/gubernator/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ratemesh/ratemesh/httpapi"
 )
 
 // driver holds the load generator's workers for one system: worker i
@@ -47,11 +49,7 @@ func newDriver(c *cluster, conc int, withGRPC bool) (*driver, error) {
 				return nil, fmt.Errorf("%s: gRPC client of %s: %w", c.system, nd.grpc, err)
 			}
 			d.conns = append(d.conns, conn)
-			if c.system == "ratemesh" {
-				w.rpc = rlspb.NewRateLimitServiceClient(conn)
-			} else {
-				w.rpc = guber.NewV1Client(conn)
-			}
+			w.rpc = conn
 		}
 		d.workers = append(d.workers, w)
 	}
@@ -113,8 +111,11 @@ type limitSpec struct {
 	name     string
 	limit    int64
 	window   time.Duration
-	behavior guber.Behavior // Gubernator only: BATCHING (0) or GLOBAL
+	behavior int32 // Gubernator only: BATCHING (0) or GLOBAL (guberGlobal)
 }
+
+// guberGlobal is Gubernator's Behavior GLOBAL.
+const guberGlobal = 2
 
 // ---- ratemesh ----
 
@@ -123,7 +124,7 @@ type limitSpec struct {
 func (d *driver) rmAllow(l limitSpec, keys []string, track bool) (op, error) {
 	bodies := make([][]byte, len(keys))
 	for i, k := range keys {
-		b, err := json.Marshal(rmAllowReq{Rule: l.name, Key: k})
+		b, err := json.Marshal(httpapi.AllowRequest{Rule: l.name, Key: k})
 		if err != nil {
 			return nil, err
 		}
@@ -135,7 +136,7 @@ func (d *driver) rmAllow(l limitSpec, keys []string, track bool) (op, error) {
 			return outcome{}, err
 		}
 		recv := time.Now()
-		var r rmAllowResp
+		var r httpapi.AllowResponse
 		if err := json.Unmarshal(w.buf.Bytes(), &r); err != nil {
 			return outcome{}, fmt.Errorf("/v1/allow: %w", err)
 		}
@@ -175,27 +176,37 @@ func (d *driver) rmHealthz() op {
 }
 
 // rmRLS asks Envoy's ShouldRateLimit for a random one of keys, as the
-// value of descriptor entry "key" in domain "bench".
-func (d *driver) rmRLS(keys []string) op {
-	reqs := make([]*rlspb.RateLimitRequest, len(keys))
+// value of descriptor entry "key" in domain "bench". The requests are
+// encoded once (go-control-plane's types); the answers read by
+// parseRLSResponse.
+func (d *driver) rmRLS(keys []string) (op, error) {
+	reqs := make([][]byte, len(keys))
 	for i, k := range keys {
-		reqs[i] = &rlspb.RateLimitRequest{Domain: "bench", Descriptors: []*rlcommon.RateLimitDescriptor{
-			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "key", Value: k}}}}}
+		b, err := proto.Marshal(&rlspb.RateLimitRequest{Domain: "bench", Descriptors: []*rlcommon.RateLimitDescriptor{
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "key", Value: k}}}}})
+		if err != nil {
+			return nil, err
+		}
+		reqs[i] = b
 	}
 	return func(ctx context.Context, w *worker) (outcome, error) {
-		r, err := w.rpc.(rlspb.RateLimitServiceClient).ShouldRateLimit(ctx, reqs[w.rng.IntN(len(reqs))])
+		var resp []byte
+		if err := w.rpc.Invoke(ctx, rlsShouldRateLimit, &reqs[w.rng.IntN(len(reqs))], &resp, grpc.ForceCodec(rawCodec{})); err != nil {
+			return outcome{}, err
+		}
+		r, err := parseRLSResponse(resp)
 		if err != nil {
 			return outcome{}, err
 		}
-		if len(r.GetStatuses()) != 1 || r.GetStatuses()[0].GetCurrentLimit() == nil {
-			return outcome{}, fmt.Errorf("ShouldRateLimit: no limit applied (is the node serving the descriptor file?)")
+		if r.Statuses != 1 || r.Limited != 1 {
+			return outcome{}, errNoLimit
 		}
 		out := outcome{decisions: 1}
-		if r.GetOverallCode() == rlspb.RateLimitResponse_OK {
+		if r.OK {
 			out.allowed = 1
 		}
 		return out, nil
-	}
+	}, nil
 }
 
 // rmFill touches keys[next…] once each, batch at a time, in
@@ -220,7 +231,7 @@ func (d *driver) rmFill(rule string, keys []string, batch int, next *atomic.Int6
 		if err := d.do(ctx, w, http.MethodPost, "/v1/allow", body); err != nil {
 			return outcome{}, err
 		}
-		var r rmMultiResp
+		var r httpapi.MultiAllowResponse
 		if err := json.Unmarshal(w.buf.Bytes(), &r); err != nil {
 			return outcome{}, fmt.Errorf("/v1/allow: %w", err)
 		}
@@ -256,7 +267,7 @@ type guberResp struct {
 }
 
 func (l limitSpec) guberReq(key string) guberReq {
-	return guberReq{Name: l.name, UniqueKey: key, Hits: 1, Limit: l.limit, Duration: l.window.Milliseconds(), Behavior: int32(l.behavior)}
+	return guberReq{Name: l.name, UniqueKey: key, Hits: 1, Limit: l.limit, Duration: l.window.Milliseconds(), Behavior: l.behavior}
 }
 
 // gbHTTP asks POST /v1/GetRateLimits (the JSON gateway) for a random one
@@ -303,27 +314,31 @@ func (d *driver) gbHealth() op {
 	}
 }
 
-// gbGRPC asks V1.GetRateLimits over gRPC for a random one of keys.
+// gbGRPC asks V1.GetRateLimits over gRPC for a random one of keys; the
+// requests are encoded once (guberRequest), the answers read by
+// parseGuberResponse.
 func (d *driver) gbGRPC(l limitSpec, keys []string) op {
-	reqs := make([]*guber.GetRateLimitsReq, len(keys))
+	reqs := make([][]byte, len(keys))
 	for i, k := range keys {
-		reqs[i] = &guber.GetRateLimitsReq{Requests: []*guber.RateLimitReq{{
-			Name: l.name, UniqueKey: k, Hits: 1, Limit: l.limit, Duration: l.window.Milliseconds(), Behavior: l.behavior}}}
+		reqs[i] = guberRequest(l, k)
 	}
 	return func(ctx context.Context, w *worker) (outcome, error) {
-		r, err := w.rpc.(guber.V1Client).GetRateLimits(ctx, reqs[w.rng.IntN(len(reqs))])
+		var resp []byte
+		if err := w.rpc.Invoke(ctx, guberGetRateLimits, &reqs[w.rng.IntN(len(reqs))], &resp, grpc.ForceCodec(rawCodec{})); err != nil {
+			return outcome{}, err
+		}
+		rs, err := parseGuberResponse(resp)
 		if err != nil {
 			return outcome{}, err
 		}
-		if len(r.GetResponses()) != 1 {
-			return outcome{}, fmt.Errorf("GetRateLimits: %d responses to one request", len(r.GetResponses()))
+		if len(rs) != 1 {
+			return outcome{}, fmt.Errorf("GetRateLimits: %d responses to one request", len(rs))
 		}
-		x := r.GetResponses()[0]
-		if x.GetError() != "" {
-			return outcome{}, fmt.Errorf("GetRateLimits: %s", x.GetError())
+		if rs[0].Error != "" {
+			return outcome{}, fmt.Errorf("GetRateLimits: %s", rs[0].Error)
 		}
 		out := outcome{decisions: 1}
-		if x.GetStatus() == guber.Status_UNDER_LIMIT {
+		if !rs[0].OverLimit {
 			out.allowed = 1
 		}
 		return out, nil
@@ -364,38 +379,4 @@ func (d *driver) gbFill(l limitSpec, keys []string, batch int, next *atomic.Int6
 		}
 		return outcome{decisions: hi - lo, allowed: hi - lo}, nil
 	}
-}
-
-// ratemesh's wire contract (package httpapi of the main module: the
-// harness does not import it, since the main module links libp2p's
-// gossipsub, whose rpc.proto clashes with etcd's in Gubernator's client
-// package).
-
-// rmAllowReq is the body of POST /v1/allow, one check.
-type rmAllowReq struct {
-	Rule string `json:"rule"`
-	Key  string `json:"key"`
-}
-
-// rmAllowResp answers one check.
-type rmAllowResp struct {
-	Allowed      bool   `json:"allowed"`
-	Limit        uint64 `json:"limit"`
-	Remaining    uint64 `json:"remaining"`
-	ResetAfterMs int64  `json:"reset_after_ms"`
-	Reason       string `json:"reason"`
-}
-
-// rmMultiResp answers the all-or-nothing form ({"checks": [...]}).
-type rmMultiResp struct {
-	Allowed bool          `json:"allowed"`
-	Results []rmAllowResp `json:"results"`
-}
-
-// rmPeers answers GET /v1/peers.
-type rmPeers struct {
-	Peers []struct {
-		PeerID string `json:"peer_id"`
-		State  string `json:"state"`
-	} `json:"peers"`
 }
