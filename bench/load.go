@@ -38,6 +38,7 @@ type worker struct {
 	buf bytes.Buffer
 	// The node's addresses this worker talks to, and its gRPC stubs.
 	node *node
+	http httpConn
 	rpc  *grpc.ClientConn
 
 	// One phase's tallies.

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,26 +20,19 @@ import (
 )
 
 // driver holds the load generator's workers for one system: worker i
-// talks to node i mod the nodes, over its own keep-alive HTTP connection
-// (one shared pool sized to the workers) and, when asked for, its own
-// gRPC connection.
+// talks to node i mod the nodes, over its own keep-alive HTTP/1.1
+// connection (httpConn) and, when asked for, its own gRPC connection.
 type driver struct {
 	c       *cluster
-	http    *http.Client
 	workers []*worker
 	conns   []*grpc.ClientConn
 }
 
 func newDriver(c *cluster, conc int, withGRPC bool) (*driver, error) {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns = conc * 2
-	tr.MaxIdleConnsPerHost = conc
-	tr.Proxy = nil // loopback: a proxy from the environment would only get in the way
-	tr.DisableCompression = true
-	d := &driver{c: c, http: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+	d := &driver{c: c}
 	for i := range conc {
 		nd := c.nodes[i%len(c.nodes)]
-		w := &worker{id: i, rng: rand.New(rand.NewPCG(uint64(i), 0x5eed)), node: nd}
+		w := &worker{id: i, rng: rand.New(rand.NewPCG(uint64(i), 0x5eed)), node: nd, http: httpConn{addr: nd.http}}
 		if withGRPC {
 			conn, err := grpc.NewClient(nd.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -56,42 +47,28 @@ func newDriver(c *cluster, conc int, withGRPC bool) (*driver, error) {
 	return d, nil
 }
 
+// close closes the workers' connections; call it when no phase runs.
 func (d *driver) close() {
 	for _, c := range d.conns {
 		_ = c.Close()
 	}
-	d.http.CloseIdleConnections()
+	for _, w := range d.workers {
+		w.http.close()
+	}
 }
 
-// do sends a request and leaves the 200's body in w.buf.
-func (d *driver) do(ctx context.Context, w *worker, method, path string, body []byte) error {
-	var rd *bytes.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	var req *http.Request
-	var err error
-	if rd != nil {
-		req, err = http.NewRequestWithContext(ctx, method, "http://"+w.node.http+path, rd)
-		req.Header.Set("Content-Type", "application/json")
-	} else {
-		req, err = http.NewRequestWithContext(ctx, method, "http://"+w.node.http+path, nil)
-	}
+// requestTimeout bounds one request's exchange.
+const requestTimeout = 30 * time.Second
+
+// do sends req (from httpRequest) on w's connection and leaves a 200's
+// body in w.buf; what names the request in errors.
+func (d *driver) do(ctx context.Context, w *worker, what string, req []byte) error {
+	code, err := w.http.roundTrip(ctx, req, &w.buf, requestTimeout)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	resp, err := d.http.Do(req)
-	if err != nil {
-		return err
-	}
-	w.buf.Reset()
-	_, err = w.buf.ReadFrom(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s %s: HTTP %d: %.200s", method, path, resp.StatusCode, strings.TrimSpace(w.buf.String()))
+	if code != 200 {
+		return fmt.Errorf("%s: HTTP %d: %.200s", what, code, strings.TrimSpace(w.buf.String()))
 	}
 	return nil
 }
@@ -122,17 +99,17 @@ const guberGlobal = 2
 // rmAllow asks POST /v1/allow for a random one of keys. With track, an
 // admission carries the end of its window (rmWindowEnd).
 func (d *driver) rmAllow(l limitSpec, keys []string, track bool) (op, error) {
-	bodies := make([][]byte, len(keys))
+	reqs := make([][]byte, len(keys))
 	for i, k := range keys {
 		b, err := json.Marshal(httpapi.AllowRequest{Rule: l.name, Key: k})
 		if err != nil {
 			return nil, err
 		}
-		bodies[i] = b
+		reqs[i] = httpRequest("POST", "/v1/allow", b)
 	}
 	return func(ctx context.Context, w *worker) (outcome, error) {
 		sent := time.Now()
-		if err := d.do(ctx, w, http.MethodPost, "/v1/allow", bodies[w.rng.IntN(len(bodies))]); err != nil {
+		if err := d.do(ctx, w, "POST /v1/allow", reqs[w.rng.IntN(len(reqs))]); err != nil {
 			return outcome{}, err
 		}
 		recv := time.Now()
@@ -170,8 +147,9 @@ func rmWindowEnd(sent, recv time.Time, resetMs int64, window time.Duration) int6
 
 // rmHealthz asks GET /healthz.
 func (d *driver) rmHealthz() op {
+	req := httpRequest("GET", "/healthz", nil)
 	return func(ctx context.Context, w *worker) (outcome, error) {
-		return outcome{}, d.do(ctx, w, http.MethodGet, "/healthz", nil)
+		return outcome{}, d.do(ctx, w, "GET /healthz", req)
 	}
 }
 
@@ -227,8 +205,8 @@ func (d *driver) rmFill(rule string, keys []string, batch int, next *atomic.Int6
 			fmt.Fprintf(&w.buf, `{"rule":%q,"key":%q}`, rule, keys[i])
 		}
 		w.buf.WriteString(`]}`)
-		body := bytes.Clone(w.buf.Bytes())
-		if err := d.do(ctx, w, http.MethodPost, "/v1/allow", body); err != nil {
+		req := httpRequest("POST", "/v1/allow", w.buf.Bytes())
+		if err := d.do(ctx, w, "POST /v1/allow", req); err != nil {
 			return outcome{}, err
 		}
 		var r httpapi.MultiAllowResponse
@@ -273,16 +251,16 @@ func (l limitSpec) guberReq(key string) guberReq {
 // gbHTTP asks POST /v1/GetRateLimits (the JSON gateway) for a random one
 // of keys. With track, an admission's window end is its reset_time.
 func (d *driver) gbHTTP(l limitSpec, keys []string, track bool) (op, error) {
-	bodies := make([][]byte, len(keys))
+	reqs := make([][]byte, len(keys))
 	for i, k := range keys {
 		b, err := json.Marshal(map[string][]guberReq{"requests": {l.guberReq(k)}})
 		if err != nil {
 			return nil, err
 		}
-		bodies[i] = b
+		reqs[i] = httpRequest("POST", "/v1/GetRateLimits", b)
 	}
 	return func(ctx context.Context, w *worker) (outcome, error) {
-		if err := d.do(ctx, w, http.MethodPost, "/v1/GetRateLimits", bodies[w.rng.IntN(len(bodies))]); err != nil {
+		if err := d.do(ctx, w, "POST /v1/GetRateLimits", reqs[w.rng.IntN(len(reqs))]); err != nil {
 			return outcome{}, err
 		}
 		var r guberResp
@@ -309,8 +287,9 @@ func (d *driver) gbHTTP(l limitSpec, keys []string, track bool) (op, error) {
 
 // gbHealth asks GET /v1/HealthCheck.
 func (d *driver) gbHealth() op {
+	req := httpRequest("GET", "/v1/HealthCheck", nil)
 	return func(ctx context.Context, w *worker) (outcome, error) {
-		return outcome{}, d.do(ctx, w, http.MethodGet, "/v1/HealthCheck", nil)
+		return outcome{}, d.do(ctx, w, "GET /v1/HealthCheck", req)
 	}
 }
 
@@ -362,7 +341,7 @@ func (d *driver) gbFill(l limitSpec, keys []string, batch int, next *atomic.Int6
 		if err != nil {
 			return outcome{}, err
 		}
-		if err := d.do(ctx, w, http.MethodPost, "/v1/GetRateLimits", body); err != nil {
+		if err := d.do(ctx, w, "POST /v1/GetRateLimits", httpRequest("POST", "/v1/GetRateLimits", body)); err != nil {
 			return outcome{}, err
 		}
 		var r guberResp
