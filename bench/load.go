@@ -62,6 +62,7 @@ type phase struct {
 	PerSecond float64 `json:"per_second"`
 	P50Ms     float64 `json:"p50_ms"`
 	P99Ms     float64 `json:"p99_ms"`
+	MaxMs     float64 `json:"max_ms"`
 	FirstErr  string  `json:"first_error,omitempty"`
 	CPU       cpuUse  `json:"cpu"`
 	// Bound: the host was busy and the load generator used at least
@@ -222,7 +223,7 @@ func runPhase(ctx context.Context, workers []*worker, d time.Duration, o op, ser
 			p.PerSecond = float64(p.Requests) / p.Seconds
 		}
 	}
-	p.P50Ms, p.P99Ms = percentileMs(lat, 50), percentileMs(lat, 99)
+	p.P50Ms, p.P99Ms, p.MaxMs = percentileMs(lat, 50), percentileMs(lat, 99), percentileMs(lat, 100)
 	p.Bound = p.CPU.bound(boundRatio)
 	p.Starved = p.CPU.Other >= 0.75*float64(runtime.NumCPU())
 	return p

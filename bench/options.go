@@ -75,7 +75,7 @@ process it started when it ends, on an error or on Ctrl-C.
 usage: cd bench && go run . [--quick] [flags]
 
   go run . --quick            # about two minutes once built
-  go run .                    # the full mode: 1M keys for memory, ~25 minutes
+  go run .                    # the full mode: 1M keys for memory, about 16 minutes
   go run . --scenarios hot,keys --rounds 7 --json
 
 Scenarios (--scenarios, comma-separated; default all):

@@ -317,13 +317,13 @@ func (rep *report) writeText(w io.Writer) {
 	for _, rr := range rep.Runs {
 		fmt.Fprintf(w, "\nround %d\n", rr.Round)
 		if len(rr.Phases) > 0 {
-			fmt.Fprintf(w, "  %-8s %-18s %10s %8s %8s %7s %7s %7s %7s %6s  %s\n",
-				"scenario", "system", "per sec", "p50 ms", "p99 ms", "errors", "lg cpu", "srv cpu", "idle", "other", "flags")
+			fmt.Fprintf(w, "  %-8s %-18s %10s %8s %8s %8s %7s %7s %7s %7s %6s  %s\n",
+				"scenario", "system", "per sec", "p50 ms", "p99 ms", "max ms", "errors", "lg cpu", "srv cpu", "idle", "other", "flags")
 		}
 		for _, p := range rr.Phases {
 			flags := p.flags()
-			fmt.Fprintf(w, "  %-8s %-18s %10.0f %8.2f %8.2f %7d %7.2f %7.2f %7.2f %6.2f  %s\n",
-				p.Scenario, p.System, p.PerSecond, p.P50Ms, p.P99Ms, p.Errors, p.CPU.Loadgen, p.CPU.Server, p.CPU.IdleSys, p.CPU.Other, flags)
+			fmt.Fprintf(w, "  %-8s %-18s %10.0f %8.2f %8.2f %8.1f %7d %7.2f %7.2f %7.2f %6.2f  %s\n",
+				p.Scenario, p.System, p.PerSecond, p.P50Ms, p.P99Ms, p.MaxMs, p.Errors, p.CPU.Loadgen, p.CPU.Server, p.CPU.IdleSys, p.CPU.Other, flags)
 			if p.FirstErr != "" {
 				fmt.Fprintf(w, "      first error: %.300s\n", p.FirstErr)
 			}
