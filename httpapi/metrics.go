@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"regexp"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -51,8 +53,17 @@ func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
 		}
 	}
 	reg.MustRegister(m.decisions, m.latency, m.reloads, m.refused, m.deadlines, &stateCollector{cfg: cfg},
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		goCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// goCollector is the Go runtime's collector: its defaults and
+// go_sched_latencies_seconds, how long goroutines waited, runnable, for a
+// CPU. A process that the host starves (busy cores, a CPU limit) answers
+// late whatever it does; this says so.
+func goCollector() prometheus.Collector {
+	return collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)}))
 }
 
 // decided counts one decision of rule.
