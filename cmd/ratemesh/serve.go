@@ -211,6 +211,10 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	for _, w := range cfg.Warnings {
 		log.Warn("config: " + w)
 	}
+	if stopGC, ok := startGCTuner(gcHeadroom, os.Getenv); ok {
+		defer stopGC()
+		log.Debug("garbage collection: the heap may grow by at least 64 MiB between collections (GOGC or GOMEMLIMIT in the environment turn this off)")
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	hup := make(chan os.Signal, 1)
