@@ -182,11 +182,43 @@ func (m *Mesh) CoreConfig(base node.CoreConfig) node.CoreConfig {
 	return base
 }
 
-// Envoy is the envoy section: envoyproxy/ratelimit's descriptor files.
+// Envoy is the envoy section: envoyproxy/ratelimit's descriptor files,
+// and settings of the rules generated from them.
 type Envoy struct {
 	// Config is a descriptor file or a directory of *.yaml files; empty:
 	// none.
 	Config string
+	// ShareWait is the share_wait (limiter.Rule.ShareWait) of every rule
+	// generated from the descriptor files, unless Domains sets its
+	// domain's: 0 leaves the rules' default, limiter.NoShareWait
+	// (share_wait: 0 in the file) refuses a share denial at once. A
+	// call's deadline bounds a hold anyway (docs/envoy.md).
+	ShareWait time.Duration
+	// Domains are settings of single domains of the descriptor files, by
+	// domain. Serve refuses a domain the files do not hold.
+	Domains map[string]EnvoyDomain
+}
+
+// EnvoyDomain is one domain's entry in envoy.domains.
+type EnvoyDomain struct {
+	// ShareWait is the share_wait of the domain's generated rules, read
+	// as Envoy.ShareWait; 0 leaves envoy.share_wait.
+	ShareWait time.Duration
+}
+
+// DomainShareWaits returns the share_wait of every domain that sets its
+// own, by domain (nil when none does).
+func (e *Envoy) DomainShareWaits() map[string]time.Duration {
+	var out map[string]time.Duration
+	for name, d := range e.Domains {
+		if d.ShareWait != 0 {
+			if out == nil {
+				out = make(map[string]time.Duration)
+			}
+			out[name] = d.ShareWait
+		}
+	}
+	return out
 }
 
 // API is the api section: who may call the HTTP API (node.api) and
@@ -633,6 +665,25 @@ func (c *Config) DNSBootstrap() []string {
 		}
 	}
 	return out
+}
+
+// ReloadEnvoy reads the envoy section of data for a reload: its
+// share_wait and domains apply at once (envoy.config only after a
+// restart: see ChangedSettings). A file that is not YAML, or an envoy
+// section with an error, returns running and the error; errors in other
+// sections do not matter here.
+func ReloadEnvoy(running Envoy, data []byte) (Envoy, error) {
+	doc, err := parse(data)
+	if err != nil {
+		return running, err
+	}
+	for _, e := range doc.errs {
+		var ce *Error
+		if errors.As(e, &ce) && (ce.Path == "envoy" || strings.HasPrefix(ce.Path, "envoy.")) {
+			return running, e
+		}
+	}
+	return doc.cfg.Envoy, nil
 }
 
 // ChangedSettings returns the settings outside the rules (node, mesh and

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ratemesh/ratemesh/config"
+	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
 )
 
@@ -79,5 +81,63 @@ rules: [{name: a, algorithm: fixed_window, limit: 1, window: 1s}]
 	}
 	if got := config.ChangedSettings(&running, []byte("rules: [{name: a, algorithm: fixed_window, limit: 1, window: 1s}]\n")); len(got) != 0 {
 		t.Errorf("rules only: %v", got)
+	}
+}
+
+// TestEnvoyShareWait: envoy.share_wait and envoy.domains.D.share_wait are
+// read like a rule's share_wait (0 refuses at once), bounded, named in
+// errors, and reloaded with the section.
+func TestEnvoyShareWait(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+envoy:
+  config: /etc/ratemesh/descriptors
+  share_wait: 8ms
+  domains:
+    edge: {share_wait: 0}
+    api: {share_wait: 150ms}
+    quiet:
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := cfg.Envoy
+	if e.ShareWait != 8*time.Millisecond || len(e.Domains) != 3 || e.Domains["edge"].ShareWait != limiter.NoShareWait || e.Domains["api"].ShareWait != 150*time.Millisecond {
+		t.Errorf("envoy section: %+v", e)
+	}
+	if got := e.DomainShareWaits(); len(got) != 2 || got["edge"] != limiter.NoShareWait || got["api"] != 150*time.Millisecond {
+		t.Errorf("DomainShareWaits: %v", got)
+	}
+	if cfg, err := config.Parse([]byte("envoy: {config: x}\n")); err != nil || cfg.Envoy.ShareWait != 0 || cfg.Envoy.DomainShareWaits() != nil {
+		t.Errorf("without share_wait: %+v %v", cfg.Envoy, err)
+	}
+	for _, c := range []struct{ yaml, want string }{
+		{"envoy: {share_wait: 2s}", "envoy.share_wait: line 1: 2s is over the maximum 1s"},
+		{"envoy: {share_wait: -1ms}", "envoy.share_wait: line 1: must not be negative"},
+		{"envoy: {share_wait: 5}", "envoy.share_wait: line 1: must be a duration"},
+		{"envoy: {domains: [edge]}", "envoy.domains: line 1: must be a mapping of domains"},
+		{"envoy: {domains: {edge: {share_wait: 1h}}}", "envoy.domains.edge.share_wait: line 1: 1h0m0s is over the maximum 1s"},
+		{"envoy: {domains: {edge: {share_wiat: 1ms}}}", "envoy.domains.edge.share_wiat: line 1: unknown field (known: share_wait)"},
+		{"envoy: {domains: {edge: 5ms}}", "envoy.domains.edge: line 1: must be a mapping"},
+		{"envoy: {domains: {'': {share_wait: 1ms}}}", "envoy.domains: line 1: a domain name must not be empty"},
+	} {
+		_, err := config.Parse([]byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", c.yaml, err, c.want)
+		}
+	}
+
+	running := config.Default().Envoy
+	got, err := config.ReloadEnvoy(running, []byte("envoy: {share_wait: 3ms, domains: {edge: {share_wait: 0}}}\nrules: [{name: a, algorithm: nope}]\n"))
+	if err != nil || got.ShareWait != 3*time.Millisecond || got.Domains["edge"].ShareWait != limiter.NoShareWait {
+		t.Errorf("reload beside an invalid rule: %+v %v", got, err)
+	}
+	if got, err := config.ReloadEnvoy(got, []byte("envoy: {share_wait: 3s}\n")); err == nil || got.ShareWait != 3*time.Millisecond || !strings.Contains(err.Error(), "envoy.share_wait") {
+		t.Errorf("reload of an invalid share_wait keeps the running one: %+v %v", got, err)
+	}
+	if got, err := config.ReloadEnvoy(got, []byte("envoy: [\n")); err == nil || got.ShareWait != 3*time.Millisecond {
+		t.Errorf("reload of a file that is not YAML: %+v %v", got, err)
+	}
+	if ch := config.ChangedSettings(&config.Config{Node: config.Default().Node, Mesh: config.Default().Mesh}, []byte("envoy: {share_wait: 3ms}\n")); len(ch) != 0 {
+		t.Errorf("share_wait reloads, so it is no restart setting: %v", ch)
 	}
 }

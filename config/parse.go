@@ -109,8 +109,11 @@ func parse(data []byte) (*document, error) {
 			return firstErr(walk(v, path, meshFields(m)))
 		},
 		"envoy": func(v *yaml.Node, path string) error {
+			e := &doc.cfg.Envoy
 			return firstErr(walk(v, path, fields{
-				"config": str(&doc.cfg.Envoy.Config),
+				"config":     str(&e.Config),
+				"share_wait": shareWait(&e.ShareWait),
+				"domains":    envoyDomains(&e.Domains),
 			}))
 		},
 		"rules": func(v *yaml.Node, path string) error {
@@ -473,6 +476,53 @@ func duration(dst *time.Duration) func(*yaml.Node, string) error {
 			return invalid(path, "line %d: must not be negative, got %v", v.Line, d)
 		}
 		*dst = d
+		return nil
+	}
+}
+
+// shareWait decodes a share_wait: a duration from 0 to
+// limiter.MaxShareWait, 0 meaning limiter.NoShareWait (refuse at once), as
+// a rule's share_wait reads.
+func shareWait(dst *time.Duration) func(*yaml.Node, string) error {
+	return func(v *yaml.Node, path string) error {
+		var d time.Duration
+		if err := duration(&d)(v, path); err != nil {
+			return err
+		}
+		if d > limiter.MaxShareWait {
+			return invalid(path, "line %d: %v is over the maximum %v", v.Line, d, limiter.MaxShareWait)
+		}
+		if d == 0 {
+			d = limiter.NoShareWait
+		}
+		*dst = d
+		return nil
+	}
+}
+
+// envoyDomains decodes envoy.domains: a mapping of domain names to their
+// settings.
+func envoyDomains(dst *map[string]EnvoyDomain) func(*yaml.Node, string) error {
+	return func(v *yaml.Node, path string) error {
+		if v.Kind != yaml.MappingNode {
+			return invalid(path, "line %d: must be a mapping of domains to their settings, such as {edge: {share_wait: 5ms}}", v.Line)
+		}
+		out := make(map[string]EnvoyDomain, len(v.Content)/2)
+		errs := walkAny(v, path, func(name string, dv *yaml.Node, dpath string) error {
+			if name == "" {
+				return invalid(path, "line %d: a domain name must not be empty", dv.Line)
+			}
+			var d EnvoyDomain
+			err := firstErr(walk(dv, dpath, fields{
+				"share_wait": shareWait(&d.ShareWait),
+			}))
+			out[name] = d
+			return err
+		})
+		if err := firstErr(errs); err != nil {
+			return err
+		}
+		*dst = out
 		return nil
 	}
 }

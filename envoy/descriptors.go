@@ -108,8 +108,10 @@ func (e *Entry) wildcard() bool { return strings.HasSuffix(e.finalKey, "*") }
 type Descriptors struct {
 	domains map[string]*Entry
 	rules   []limiter.Rule
-	files   []string
-	entries int
+	// ruleDomains holds the domain of each of rules.
+	ruleDomains []string
+	files       []string
+	entries     int
 }
 
 // Load reads path, a descriptor file or a directory whose *.yaml files
@@ -218,11 +220,49 @@ func (d *Descriptors) Rules() []limiter.Rule {
 	return out
 }
 
+// WithShareWait returns a copy of d whose generated rules hold a share
+// denial (limiter.Rule.ShareWait) for perDomain's value of their domain,
+// or for all when perDomain names none of them: 0 leaves the rules'
+// default, limiter.NoShareWait refuses at once. d itself is unchanged. A
+// domain of perDomain that the files do not hold is an error naming it.
+func (d *Descriptors) WithShareWait(all time.Duration, perDomain map[string]time.Duration) (*Descriptors, error) {
+	if d == nil {
+		for dom := range perDomain {
+			return nil, fmt.Errorf("domain %q: no descriptor files are loaded", dom)
+		}
+		return nil, nil
+	}
+	for _, dom := range sortedKeys(perDomain) {
+		if _, ok := d.domains[dom]; !ok {
+			return nil, fmt.Errorf("domain %q: not in the descriptor files (their domains: %s)", dom, strings.Join(d.Domains(), ", "))
+		}
+	}
+	c := *d
+	c.rules = append([]limiter.Rule(nil), d.rules...)
+	for i := range c.rules {
+		w, ok := perDomain[c.ruleDomains[i]]
+		if !ok {
+			w = all
+		}
+		c.rules[i].ShareWait = w
+	}
+	return &c, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // each calls f for every entry, depth first in file order of domains
-// sorted by name.
-func (d *Descriptors) each(f func(e *Entry)) {
-	var walk func(e *Entry)
-	walk = func(e *Entry) {
+// sorted by name, with its domain.
+func (d *Descriptors) each(f func(domain string, e *Entry)) {
+	var walk func(dom string, e *Entry)
+	walk = func(dom string, e *Entry) {
 		keys := make([]string, 0, len(e.children))
 		for k := range e.children {
 			keys = append(keys, k)
@@ -230,12 +270,12 @@ func (d *Descriptors) each(f func(e *Entry)) {
 		sort.Strings(keys)
 		for _, k := range keys {
 			c := e.children[k]
-			f(c)
-			walk(c)
+			f(dom, c)
+			walk(dom, c)
 		}
 	}
 	for _, dom := range d.Domains() {
-		walk(d.domains[dom])
+		walk(dom, d.domains[dom])
 	}
 }
 
@@ -245,20 +285,21 @@ func (d *Descriptors) each(f func(e *Entry)) {
 // and a hash of the entry's exact path tells it apart.
 func (d *Descriptors) nameRules() {
 	type cand struct {
-		e    *Entry
-		name string
-		id   string // unambiguous path
+		e      *Entry
+		name   string
+		id     string // unambiguous path
+		domain string
 	}
 	var cs []cand
 	count := make(map[string]int)
-	d.each(func(e *Entry) {
+	d.each(func(domain string, e *Entry) {
 		d.entries++
 		l := e.Limit
 		if l == nil || l.Unlimited || l.RequestsPerUnit == 0 {
 			return
 		}
 		name, clean := ruleName(e.FullKey)
-		cs = append(cs, cand{e: e, name: name, id: e.pathID()})
+		cs = append(cs, cand{e: e, name: name, id: e.pathID(), domain: domain})
 		if clean {
 			count[name]++
 		} else {
@@ -283,6 +324,7 @@ func (d *Descriptors) nameRules() {
 			Window:    c.e.Limit.Window(),
 			Shadow:    c.e.ShadowMode,
 		})
+		d.ruleDomains = append(d.ruleDomains, c.domain)
 	}
 }
 

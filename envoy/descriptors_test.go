@@ -2,6 +2,7 @@ package envoy_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -225,5 +226,44 @@ descriptors:
 	}
 	if got := key("c", "fixed", "e", "v"); got != "envoy:d.c_fixed.e v" {
 		t.Errorf("a fixed value is not in the key: %q", got)
+	}
+}
+
+// TestWithShareWait: envoy.share_wait sets every generated rule's
+// share_wait, a domain's own setting beats it, the original descriptors
+// keep theirs, and a domain the files do not hold is refused by name.
+func TestWithShareWait(t *testing.T) {
+	d, err := envoy.Parse(
+		envoy.File{Name: "a.yaml", Data: []byte("domain: edge\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 10}\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")},
+		envoy.File{Name: "b.yaml", Data: []byte("domain: api\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 3}\n")},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.WithShareWait(7*time.Millisecond, map[string]time.Duration{"api": limiter.NoShareWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]time.Duration{}
+	for _, r := range w.Rules() {
+		got[r.Name] = r.ShareWait
+		if err := r.Normalize(); err != nil {
+			t.Errorf("%s: %v", r.Name, err)
+		}
+	}
+	want := map[string]time.Duration{"envoy:edge.ip": 7 * time.Millisecond, "envoy:edge.user": 7 * time.Millisecond, "envoy:api.ip": limiter.NoShareWait}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("share waits %v, want %v", got, want)
+	}
+	for _, r := range d.Rules() {
+		if r.ShareWait != 0 {
+			t.Errorf("the original descriptors changed: %s has share_wait %v", r.Name, r.ShareWait)
+		}
+	}
+	if m, _ := w.Lookup("api", []*rlcommon.RateLimitDescriptor_Entry{{Key: "ip", Value: "1"}}); m.Entry == nil || m.Entry.Rule != "envoy:api.ip" {
+		t.Errorf("the copy matches like the original: %+v", m)
+	}
+	if _, err := d.WithShareWait(0, map[string]time.Duration{"edge": time.Millisecond, "egde": time.Millisecond}); err == nil || err.Error() != `domain "egde": not in the descriptor files (their domains: api, edge)` {
+		t.Errorf("unknown domain: %v", err)
 	}
 }

@@ -56,7 +56,7 @@ func load(t *testing.T, files ...string) *envoy.Descriptors {
 	return d
 }
 
-func start(t *testing.T, desc *envoy.Descriptors) *fixture {
+func start(t testing.TB, desc *envoy.Descriptors) *fixture {
 	t.Helper()
 	hub := memnet.NewHub()
 	cfg := node.DefaultConfig()
@@ -466,7 +466,7 @@ func readFile(t *testing.T, path string) envoy.File {
 
 // serveLoopback serves srv on an ephemeral 127.0.0.1 port until the test
 // ends and returns the address.
-func serveLoopback(t *testing.T, srv *envoy.Server) string {
+func serveLoopback(t testing.TB, srv *envoy.Server) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

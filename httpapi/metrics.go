@@ -1,9 +1,12 @@
 package httpapi
 
 import (
+	"regexp"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/ratemesh/ratemesh/internal/deadline"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
@@ -17,6 +20,7 @@ type metrics struct {
 	latency   *prometheus.HistogramVec
 	reloads   *prometheus.CounterVec
 	refused   *prometheus.CounterVec
+	deadlines *deadline.Metrics
 }
 
 func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
@@ -34,6 +38,7 @@ func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
 			Name: "ratemesh_config_reloads_total",
 			Help: "Configuration reloads by result: ok, partial (some rules kept their old version) or failed.",
 		}, []string{"result"}),
+		deadlines: deadline.NewMetrics("http"),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratemesh_api_refused_total",
 			Help: "HTTP API requests refused by authorization, by reason: missing (no bearer token), invalid (a token the node does not hold), scope (too low a scope).",
@@ -47,9 +52,18 @@ func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
 			m.refused.WithLabelValues(r)
 		}
 	}
-	reg.MustRegister(m.decisions, m.latency, m.reloads, m.refused, &stateCollector{cfg: cfg},
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(m.decisions, m.latency, m.reloads, m.refused, m.deadlines, &stateCollector{cfg: cfg},
+		goCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// goCollector is the Go runtime's collector: its defaults and
+// go_sched_latencies_seconds, how long goroutines waited, runnable, for a
+// CPU. A process that the host starves (busy cores, a CPU limit) answers
+// late whatever it does; this says so.
+func goCollector() prometheus.Collector {
+	return collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/sched/latencies:seconds$`)}))
 }
 
 // decided counts one decision of rule.

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ratemesh/ratemesh/apiauth"
+	"github.com/ratemesh/ratemesh/internal/deadline"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/mesh"
 	"github.com/ratemesh/ratemesh/node"
@@ -536,6 +537,76 @@ func readCheck(f *fieldReader) check {
 	return c
 }
 
+// MaxWaitHeader is the request header that gives the caller's deadline
+// in milliseconds, a whole number from 1, on /v1/allow, /v1/acquire and
+// /v1/wait: the node answers within it. A hold for the share leaves half
+// the time left (at least 5 ms) for the answer, and once the time is up
+// the request is decided at once and answered, never failed for it. On
+// /v1/allow and /v1/acquire the body's max_wait_ms says the same; on
+// /v1/wait the header bounds the whole wait, less a margin for the answer
+// (waitMargin), beside max_wait_ms. Envoy's router's
+// X-Envoy-Expected-Rq-Timeout-Ms is read the same way; the least of them
+// all is the deadline.
+const MaxWaitHeader = "X-Ratemesh-Max-Wait-Ms"
+
+// envoyTimeoutHeader is the time Envoy's router waits for the answer of
+// an upstream request, which it tells the upstream in this header.
+const envoyTimeoutHeader = "X-Envoy-Expected-Rq-Timeout-Ms"
+
+// maxHeaderWait bounds MaxWaitHeader: longer than any answer takes.
+const maxHeaderWait = time.Hour
+
+// callerDeadline returns the caller's deadline, from arrived: the least of
+// body (milliseconds, when hasBody), MaxWaitHeader and Envoy's router's
+// timeout header. A malformed MaxWaitHeader is a bad request naming it; a
+// malformed Envoy header is ignored (Envoy wrote it, not the caller).
+func callerDeadline(r *http.Request, arrived time.Time, body uint64, hasBody bool) (dl time.Time, ok bool, err error) {
+	wait, ok := time.Duration(body)*time.Millisecond, hasBody
+	if vs := r.Header.Values(MaxWaitHeader); len(vs) > 0 {
+		ms, perr := strconv.ParseUint(strings.TrimSpace(vs[0]), 10, 64)
+		switch {
+		case len(vs) > 1:
+			return dl, false, bad("%s: given %d times", MaxWaitHeader, len(vs))
+		case perr != nil || ms == 0:
+			return dl, false, bad("%s: must be a whole number of milliseconds from 1, got %q", MaxWaitHeader, vs[0])
+		}
+		w := time.Duration(min(ms, uint64(maxHeaderWait/time.Millisecond))) * time.Millisecond
+		if !ok || w < wait {
+			wait, ok = w, true
+		}
+	}
+	if ms, perr := strconv.ParseUint(strings.TrimSpace(r.Header.Get(envoyTimeoutHeader)), 10, 64); perr == nil && ms > 0 {
+		w := time.Duration(min(ms, uint64(maxHeaderWait/time.Millisecond))) * time.Millisecond
+		if !ok || w < wait {
+			wait, ok = w, true
+		}
+	}
+	if !ok {
+		return dl, false, nil
+	}
+	return arrived.Add(wait), true, nil
+}
+
+// maxWaitField reads the body's max_wait_ms of /v1/allow and /v1/acquire:
+// the caller's deadline, from 1 to MaxWait.
+func (s *Server) maxWaitField(f *fieldReader) (uint64, bool) {
+	ms, ok := f.uint("max_wait_ms", uint64(s.cfg.MaxWait/time.Millisecond))
+	if ok && ms == 0 && f.err == nil {
+		f.fail("max_wait_ms", "must be at least 1: the milliseconds the caller waits for the answer (1 decides at once, without holding)")
+	}
+	return ms, ok
+}
+
+// decideContext is the context a decision of r runs under: r's, or with a
+// deadline, one that carries it and is never cancelled (deadline.Bound),
+// so that the time running out never fails the request.
+func decideContext(r *http.Request, dl time.Time, ok bool) context.Context {
+	if !ok {
+		return r.Context()
+	}
+	return deadline.Bound(r.Context(), dl)
+}
+
 func msCeil(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
@@ -552,23 +623,30 @@ func toResponse(d node.Decision) AllowResponse {
 }
 
 func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
 	obj, err := readObject(w, r)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
 	if raw, multi := obj["checks"]; multi {
-		s.allowAll(w, r, obj, raw)
+		s.allowAll(w, r, arrived, obj, raw)
 		return
 	}
 	f := newFields(obj, "")
 	c := readCheck(f)
+	maxMs, hasMax := s.maxWaitField(f)
 	if err := f.done(); err != nil {
 		s.fail(w, err)
 		return
 	}
+	dl, hasDL, err := callerDeadline(r, arrived, maxMs, hasMax)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	start := time.Now()
-	d, err := s.cfg.Node.Allow(r.Context(), c.rule, c.key, c.opts...)
+	d, err := s.cfg.Node.Allow(decideContext(r, dl, hasDL), c.rule, c.key, c.opts...)
 	s.metrics.latency.WithLabelValues("allow").Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.fail(w, err)
@@ -576,17 +654,24 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.decided(c.rule, d)
 	writeJSON(w, http.StatusOK, toResponse(d))
+	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
 }
 
 // MaxChecks caps the checks of one all-or-nothing request.
 const MaxChecks = 64
 
-func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, obj map[string]any, raw any) {
+func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, arrived time.Time, obj map[string]any, raw any) {
 	for k := range obj {
-		if k != "checks" {
-			s.fail(w, bad("%s: unknown field (a request is either one check or {\"checks\": [...]})", k))
+		if k != "checks" && k != "max_wait_ms" {
+			s.fail(w, bad("%s: unknown field (a request is either one check or {\"checks\": [...]}, with max_wait_ms beside either)", k))
 			return
 		}
+	}
+	top := newFields(map[string]any{"max_wait_ms": obj["max_wait_ms"]}, "")
+	maxMs, hasMax := s.maxWaitField(top)
+	if top.err != nil {
+		s.fail(w, top.err)
+		return
 	}
 	list, ok := raw.([]any)
 	switch {
@@ -617,8 +702,13 @@ func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, obj map[string
 		}
 		checks[i], rules[i] = node.NewCheck(c.rule, c.key, c.opts...), c.rule
 	}
+	dl, hasDL, err := callerDeadline(r, arrived, maxMs, hasMax)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	start := time.Now()
-	allowed, ds, err := s.cfg.Node.AllowAll(r.Context(), checks...)
+	allowed, ds, err := s.cfg.Node.AllowAll(decideContext(r, dl, hasDL), checks...)
 	s.metrics.latency.WithLabelValues("allow").Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.fail(w, err)
@@ -630,9 +720,18 @@ func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, obj map[string
 		resp.Results[i] = toResponse(d)
 	}
 	writeJSON(w, http.StatusOK, resp)
+	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
+}
+
+// waitMargin is the time /v1/wait leaves for its answer before the
+// caller's deadline (MaxWaitHeader) of a request whose wait could last
+// budget: half of it, at least 5 ms and at most 100 ms.
+func waitMargin(budget time.Duration) time.Duration {
+	return min(max(budget/2, 5*time.Millisecond), 100*time.Millisecond)
 }
 
 func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
 	obj, err := readObject(w, r)
 	if err != nil {
 		s.fail(w, err)
@@ -653,8 +752,22 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 	if hasMax {
 		maxWait = time.Duration(maxMs) * time.Millisecond
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), maxWait+time.Second)
-	defer cancel()
+	// max_wait_ms is no deadline here: only the headers are.
+	dl, hasDL, err := callerDeadline(r, arrived, 0, false)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	var ctx context.Context
+	if hasDL {
+		// Waits until the deadline less the answer's margin, and then
+		// answers the denial: never cancelled (deadline.Bound).
+		ctx = deadline.Bound(r.Context(), dl.Add(-waitMargin(dl.Sub(arrived))))
+	} else {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(r.Context(), maxWait+time.Second)
+		defer cancel()
+	}
 	d, err := s.cfg.Node.Wait(ctx, c.rule, c.key, append(c.opts, node.MaxWait(maxWait))...)
 	if err != nil && !(d.Limit > 0 && (errors.Is(err, context.DeadlineExceeded))) {
 		s.fail(w, err)
@@ -662,9 +775,11 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.decided(c.rule, d)
 	writeJSON(w, http.StatusOK, toResponse(d))
+	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
 	obj, err := readObject(w, r)
 	if err != nil {
 		s.fail(w, err)
@@ -677,7 +792,13 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		f.fail("key", "%d bytes, at most %d", len(key), MaxKeyBytes)
 	}
 	class := f.str("class", false)
+	maxMs, hasMax := s.maxWaitField(f)
 	if err := f.done(); err != nil {
+		s.fail(w, err)
+		return
+	}
+	dl, hasDL, err := callerDeadline(r, arrived, maxMs, hasMax)
+	if err != nil {
 		s.fail(w, err)
 		return
 	}
@@ -686,7 +807,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		opts = append(opts, node.Class(class))
 	}
 	start := time.Now()
-	lease, d, err := s.cfg.Node.Acquire(r.Context(), rule, key, opts...)
+	lease, d, err := s.cfg.Node.Acquire(decideContext(r, dl, hasDL), rule, key, opts...)
 	s.metrics.latency.WithLabelValues("acquire").Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.fail(w, err)
@@ -702,6 +823,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		resp.TTLMs = msCeil(time.Until(lease.Expires()))
 	}
 	writeJSON(w, http.StatusOK, resp)
+	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
 }
 
 func (s *Server) leaseID(w http.ResponseWriter, r *http.Request) (string, bool) {

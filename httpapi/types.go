@@ -13,17 +13,25 @@
 package httpapi
 
 // AllowRequest is the body of POST /v1/allow (single form), one element of
-// its "checks" (all-or-nothing form), and the check of POST /v1/wait
-// (which adds "max_wait_ms"). Cost, when set, is the request's cost in
-// credits (0 is a peek); otherwise Type and Units price it by the rule's
-// cost table; neither means a cost of 1.
+// its "checks" (all-or-nothing form), and the check of POST /v1/wait.
+// Cost, when set, is the request's cost in credits (0 is a peek);
+// otherwise Type and Units price it by the rule's cost table; neither
+// means a cost of 1.
+//
+// MaxWaitMs is the caller's deadline on /v1/allow (single form; the
+// checks form takes it beside "checks") and /v1/acquire: the answer comes
+// within that many milliseconds of the request's arrival, a hold for the
+// share cut to fit (see MaxWaitHeader). On /v1/wait it keeps its meaning:
+// the longest the wait for an admission may last. A check of the checks
+// form may not carry it.
 type AllowRequest struct {
-	Rule  string  `json:"rule"`
-	Key   string  `json:"key"`
-	Cost  *uint64 `json:"cost,omitempty"`
-	Type  string  `json:"type,omitempty"`
-	Units *uint64 `json:"units,omitempty"`
-	Class string  `json:"class,omitempty"`
+	Rule      string  `json:"rule"`
+	Key       string  `json:"key"`
+	Cost      *uint64 `json:"cost,omitempty"`
+	Type      string  `json:"type,omitempty"`
+	Units     *uint64 `json:"units,omitempty"`
+	Class     string  `json:"class,omitempty"`
+	MaxWaitMs *uint64 `json:"max_wait_ms,omitempty"`
 }
 
 // AllowResponse is the answer to one check. Remaining is what a retry can

@@ -338,8 +338,9 @@ func metric(t *testing.T, p *proc, line string) string {
 // cannot run here (no Docker, no Envoy); what can be checked is: the
 // descriptor file the compose mounts loads, its domain is the one
 // envoy.yaml's rate limit filter asks for, the nodes bootstrap by DNS on
-// their compose service name and API port, and envoy.yaml's rate limit
-// cluster points at that name and the gRPC port.
+// their compose service name and API port, envoy.yaml's rate limit
+// cluster points at that name and the gRPC port, and its filter has the
+// timeout and failure mode docs/envoy.md recommends.
 func TestPackagingFiles(t *testing.T) {
 	root := "../.."
 	var compose struct {
@@ -385,7 +386,8 @@ func TestPackagingFiles(t *testing.T) {
 	}
 	envoyYAML := read(t, filepath.Join(root, "deploy", "envoy.yaml"))
 	for _, want := range []string{"socket_address: {address: ratemesh, port_value: 8081}", "service_name: envoy.service.ratelimit.v3.RateLimitService", "domain: edge", "remote_address: {}",
-		`initial_metadata:`, `- {key: authorization, value: "Bearer @ENVOY_TOKEN@"}`} {
+		`initial_metadata:`, `- {key: authorization, value: "Bearer @ENVOY_TOKEN@"}`,
+		"timeout: 0.05s", "failure_mode_deny: false"} { // docs/envoy.md, "Timeouts under load"
 		if !strings.Contains(envoyYAML, want) {
 			t.Errorf("deploy/envoy.yaml lacks %q", want)
 		}

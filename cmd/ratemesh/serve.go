@@ -33,7 +33,7 @@ import (
 	"github.com/ratemesh/ratemesh/persistence"
 )
 
-const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--allow-peer PEER_ID]... [--allow-peers-file FILE] [--allow-peers-dns NAME]... [--grpc HOST:PORT] [--envoy-config PATH] [--token-file FILE] [--tls-cert FILE --tls-key FILE [--client-ca FILE]] [--insecure-api] [--metrics-auth] [--log-level LEVEL] [--log-format text|json] [--config-poll D] [--pprof HOST:PORT] [--upgrade-alone]"
+const serveUsage = "serve [--config FILE] [--listen MULTIADDR]... [--api HOST:PORT] [--data-dir DIR] [--bootstrap MULTIADDR|dns:HOST:PORT]... [--psk-file FILE] [--allow-peer PEER_ID]... [--allow-peers-file FILE] [--allow-peers-dns NAME]... [--grpc HOST:PORT] [--envoy-config PATH] [--envoy-share-wait D] [--token-file FILE] [--tls-cert FILE --tls-key FILE [--client-ca FILE]] [--insecure-api] [--metrics-auth] [--log-level LEVEL] [--log-format text|json] [--config-poll D] [--pprof HOST:PORT] [--upgrade-alone]"
 
 // ReadyLine is what serve prints on stdout once it serves: one JSON line.
 type ReadyLine struct {
@@ -57,7 +57,7 @@ type serveOpts struct {
 	pprofAddr                                                      string
 	listen, bootstrap, allowPeers, allowDNS                        multiFlag
 	insecureAPI, metricsAuth, upgradeAlone                         bool
-	configPoll                                                     time.Duration
+	configPoll, envoyShareWait                                     time.Duration
 }
 
 // serveFlags returns serve's flag set, writing into o; each flag's help
@@ -78,6 +78,7 @@ func serveFlags(stderr io.Writer, o *serveOpts) *flag.FlagSet {
 	fset.StringVar(&o.logFormat, "log-format", "text", "log `format` on stderr: text or json (one JSON object a line)")
 	fset.StringVar(&o.grpcAddr, "grpc", "", "serve Envoy's rate limit service (gRPC) and gRPC health on `host:port` (port 0 picks one)")
 	fset.StringVar(&o.envoyCfg, "envoy-config", "", "envoyproxy/ratelimit descriptor `path`: a YAML file or a directory of *.yaml")
+	fset.DurationVar(&o.envoyShareWait, "envoy-share-wait", 0, "hold a share denial of the rules generated from --envoy-config for at most this `duration`, 0 to 1s; 0 refuses at once (envoy.share_wait; a call's deadline bounds a hold anyway)")
 	fset.StringVar(&o.tokenFile, "token-file", "", "API bearer tokens `file`: \"SCOPE TOKEN\" a line, scope decide or admin; re-read on change (api.token_file; also "+envAPITokens+")")
 	fset.StringVar(&o.tlsCert, "tls-cert", "", "serve the HTTP API and gRPC over TLS with this PEM certificate `file` (api.tls_cert; with --tls-key); re-read on change")
 	fset.StringVar(&o.tlsKey, "tls-key", "", "the PEM private key `file` of --tls-cert (api.tls_key)")
@@ -163,14 +164,28 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 			*f.dst = *f.flag
 		}
 	}
+	var flagErr error
 	fset.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "insecure-api":
 			cfg.API.Insecure = o.insecureAPI
 		case "metrics-auth":
 			cfg.API.MetricsAuth = o.metricsAuth
+		case "envoy-share-wait":
+			switch w := o.envoyShareWait; {
+			case w < 0 || w > limiter.MaxShareWait:
+				flagErr = fmt.Errorf("%s %v: must be from 0 (refuse at once) to %v", flagSource(f.Name, fromEnv), w, limiter.MaxShareWait)
+			case w == 0:
+				cfg.Envoy.ShareWait = limiter.NoShareWait
+			default:
+				cfg.Envoy.ShareWait = w
+			}
 		}
 	})
+	if flagErr != nil {
+		fmt.Fprintf(stderr, "ratemesh serve: %v\n", flagErr)
+		return 2
+	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
 		return 1
@@ -192,9 +207,13 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ratemesh serve: %v\n", err)
 		return 1
 	}
-	ex.envoyPath = cfg.Envoy.Config
+	ex.envoyPath, ex.envoy = cfg.Envoy.Config, cfg.Envoy
 	for _, w := range cfg.Warnings {
 		log.Warn("config: " + w)
+	}
+	if stopGC, ok := startGCTuner(gcHeadroom, os.Getenv); ok {
+		defer stopGC()
+		log.Debug("garbage collection: the heap may grow by at least 64 MiB between collections (GOGC or GOMEMLIMIT in the environment turn this off)")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -85,7 +85,7 @@ func flagSettings() map[string]string {
 		"bootstrap": "node.bootstrap", "psk-file": "node.psk_file",
 		"allow-peer": "node.allow_peers", "allow-peers-file": "node.allow_peers_file",
 		"allow-peers-dns": "node.allow_peers_dns", "grpc": "node.grpc",
-		"envoy-config": "envoy.config", "token-file": "api.token_file",
+		"envoy-config": "envoy.config", "envoy-share-wait": "envoy.share_wait", "token-file": "api.token_file",
 		"tls-cert": "api.tls_cert", "tls-key": "api.tls_key", "client-ca": "api.client_ca",
 		"insecure-api": "api.insecure", "metrics-auth": "api.metrics_auth",
 	}

@@ -33,6 +33,9 @@ type serveExtras struct {
 	file      config.Config
 	envoyPath string
 	desc      *envoy.Descriptors
+	// envoy is the envoy section in force (share_wait and domains are
+	// reloaded with the file, the flag's share_wait kept).
+	envoy config.Envoy
 	// auth is who may call the APIs (the api section).
 	auth *apiAuth
 	// overridden are the settings flags or their environment variables
@@ -76,20 +79,44 @@ func routeLibraryLogs(format string) {
 	}
 }
 
-// loadEnvoy loads cfg.Envoy.Config (nil when unset) and checks that its
-// rules and cfg's do not clash.
+// loadEnvoy loads cfg.Envoy.Config (nil when unset) with the envoy
+// section's settings applied, and checks that its rules and cfg's do not
+// clash.
 func loadEnvoy(cfg *config.Config) (*envoy.Descriptors, error) {
 	if cfg.Envoy.Config == "" {
+		if cfg.Envoy.ShareWait != 0 || len(cfg.Envoy.Domains) > 0 {
+			return nil, errors.New("envoy.share_wait, envoy.domains: they set the rules generated from the descriptor files, and envoy.config (--envoy-config) names none")
+		}
 		return nil, nil
 	}
 	d, err := envoy.Load(cfg.Envoy.Config)
 	if err != nil {
 		return nil, err
 	}
+	if d, err = applyEnvoySettings(d, cfg.Envoy); err != nil {
+		return nil, err
+	}
 	if err := checkEnvoyRules(cfg.Rules, d); err != nil {
 		return nil, err
 	}
 	return d, nil
+}
+
+// applyEnvoySettings gives d's rules the share_wait of e (envoy.share_wait,
+// envoy.domains). A domain of e.Domains that d does not hold is an error
+// naming it: a misspelt domain would silently set nothing.
+func applyEnvoySettings(d *envoy.Descriptors, e config.Envoy) (*envoy.Descriptors, error) {
+	names := make([]string, 0, len(e.Domains))
+	for name := range e.Domains {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if !slices.Contains(d.Domains(), name) {
+			return nil, fmt.Errorf("envoy.domains.%s: no such domain in envoy.config %s (its domains: %s)", name, e.Config, strings.Join(d.Domains(), ", "))
+		}
+	}
+	return d.WithShareWait(e.ShareWait, e.DomainShareWaits())
 }
 
 // checkEnvoyRules refuses config rules named with envoy.RulePrefix, and
@@ -208,6 +235,7 @@ func reloadAll(n *node.Node, api *httpapi.Server, front *envoyFront, plaus *mesh
 	envoyRules := ex.desc.Rules()
 	rules := n.Rules()
 	rules = slices.DeleteFunc(rules, func(r limiter.Rule) bool { return strings.HasPrefix(r.Name, envoy.RulePrefix) })
+	settings := ex.envoy
 	if path != "" {
 		data, err := os.ReadFile(path)
 		switch {
@@ -215,6 +243,15 @@ func reloadAll(n *node.Node, api *httpapi.Server, front *envoyFront, plaus *mesh
 			log.Error("reload: keeping every rule", "err", err)
 			results = append(results, "failed")
 		default:
+			if e, err := config.ReloadEnvoy(settings, data); err != nil {
+				log.Error("reload: keeping the running envoy settings", "err", err)
+			} else {
+				e.Config = settings.Config // only a restart changes it
+				if ex.overridden["envoy.share_wait"] {
+					e.ShareWait = settings.ShareWait
+				}
+				settings = e
+			}
 			ch := slices.DeleteFunc(config.ChangedSettings(&ex.file, data), func(s string) bool { return ex.overridden[s] })
 			if len(ch) > 0 {
 				log.Warn("reload: these settings changed in the file and apply only after a restart", "settings", ch)
@@ -237,6 +274,9 @@ func reloadAll(n *node.Node, api *httpapi.Server, front *envoyFront, plaus *mesh
 	next := ex.desc
 	if p := ex.envoyPath; ex.desc != nil && p != "" {
 		d, err := envoy.Load(p)
+		if err == nil {
+			d, err = applyEnvoySettings(d, settings)
+		}
 		if err == nil {
 			err = checkEnvoyRules(rules, d)
 		}
@@ -270,6 +310,9 @@ func reloadAll(n *node.Node, api *httpapi.Server, front *envoyFront, plaus *mesh
 	}
 	if front != nil {
 		front.srv.SetDescriptors(next)
+	}
+	if next != ex.desc {
+		ex.envoy = settings
 	}
 	ex.desc = next
 	if len(kept) != len(all) {

@@ -20,7 +20,7 @@ import (
 // on the command line beats its variable; a repeatable flag's variable
 // is a comma-separated list.
 func TestServeFlagsReadEnv(t *testing.T) {
-	values := map[string]string{"insecure-api": "true", "metrics-auth": "true", "upgrade-alone": "true", "config-poll": "5s"}
+	values := map[string]string{"insecure-api": "true", "metrics-auth": "true", "upgrade-alone": "true", "config-poll": "5s", "envoy-share-wait": "7ms"}
 	var o serveOpts
 	fset := serveFlags(io.Discard, &o)
 	env := map[string]string{}
@@ -90,6 +90,8 @@ func TestServeFlagErrors(t *testing.T) {
 		{[]string{"--log-level", "verbose"}, "", 2, `ratemesh serve: --log-level: "verbose" is not a log level; want one of debug, info, warn, error` + "\n"},
 		{[]string{"--pprof", "0.0.0.0:6060"}, "", 1, `ratemesh serve: --pprof: "0.0.0.0:6060" is not a loopback address`},
 		{[]string{"--config-poll", "-1s"}, "", 2, "ratemesh serve: --config-poll -1s: must be 0 (off) or positive\n"},
+		{[]string{"--envoy-share-wait", "2s"}, "", 2, "ratemesh serve: --envoy-share-wait 2s: must be from 0 (refuse at once) to 1s\n"},
+		{[]string{"--envoy-share-wait", "5ms"}, "", 1, "ratemesh serve: envoy.share_wait, envoy.domains: they set the rules generated from the descriptor files, and envoy.config (--envoy-config) names none\n"},
 	} {
 		t.Setenv("RATEMESH_BOOTSTRAP", tc.env)
 		var stdout, stderr bytes.Buffer

@@ -1,0 +1,36 @@
+package envoy_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ratemesh/ratemesh/envoy"
+)
+
+// BenchmarkShouldRateLimit is one ShouldRateLimit call over loopback gRPC
+// from 16 concurrent clients, client and server in this process: a
+// whitelisted descriptor (no decision) and a counted one (a decision
+// that admits). Compare runs, not absolute figures: the client's share
+// of the CPU is in them.
+func BenchmarkShouldRateLimit(b *testing.B) {
+	desc, err := envoy.Parse(envoy.File{Name: "bench.yaml", Data: []byte("domain: bench\ndescriptors:\n  - key: white\n  - key: counted\n    rate_limit: {unit: hour, requests_per_unit: 4000000000}\n")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := start(b, desc)
+	for _, key := range []string{"white", "counted"} {
+		b.Run(key, func(b *testing.B) {
+			r := req("bench", [][][2]string{{{key, "v"}}}, 0)
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := f.rls.ShouldRateLimit(context.Background(), r); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
