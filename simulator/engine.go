@@ -289,6 +289,9 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		ws.keys = make([]string, w.Keys)
 		for k := range ws.keys {
 			ws.keys[k] = fmt.Sprintf("w%d-k%d", i, k)
+			if ws.keyBase+k == 0 {
+				ra.key0 = ws.keys[k] // inwindow.go
+			}
 			lim, unlimited, err := ra.rule.LimitFor(ws.keys[k], w.Class)
 			if err != nil {
 				return nil, err
@@ -619,8 +622,8 @@ func (s *sim) allowOutcome(c *allowCall) {
 		acc := &c.ra.keys[c.gk]
 		acc.admReq++
 		acc.admCred += c.ws.w.Cost
-		c.ra.noteInWindow(s.now, c.ws.w.Cost) // inwindow.go
-		s.noteSub(c.ws, c.ws.w.Cost)
+		c.ra.noteInWindow(s.now, c.gk, c.ws.w.Cost) // inwindow.go
+		s.noteSub(c.ws, c.k, c.ws.w.Cost)           // subintervals.go
 	} else if c.ws.w.WellBehaved {
 		c.ra.falseRej++
 	}

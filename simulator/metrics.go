@@ -47,6 +47,8 @@ type ruleAcc struct {
 	conv              []int64
 	lr                *leaseRule  // a concurrency rule's lease accounting (leases.go); nil for windowed rules
 	refs              []refBucket // a token_bucket rule's reference bucket per key (bucket.go); nil otherwise
+	key0              string      // the rule's first key (its first workload's k0), profiled alone in inWindowKey
+	inWindowKey       []uint64    // key0's admitted credits per 50 ms of the window (inwindow.go)
 }
 
 // windowLimit returns key k's limit in its closing window acc: the rule's
