@@ -184,6 +184,7 @@ type sim struct {
 	subs      subIntervals // admitted per workload per SubMs (subintervals.go)
 	lease     leaseState   // lease clients of concurrency rules (leases.go)
 	held      [][]heldCall // per node: Allows held for share_wait (hold.go)
+	sides     sideState    // the sides of the first partition and their scales (sides.go)
 }
 
 // Run simulates sc and returns its result.
@@ -273,6 +274,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		s.downStart[i] = -1
 	}
 	s.sampleK = uint64(max(1, sc.Nodes/20))
+	s.initSides() // sides.go
 
 	for i, r := range sc.Rules {
 		nr := r
@@ -336,6 +338,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		nw := s.durMs/ra.wms + 2
 		ra.series = make([]winAgg, nw)
 		ra.firstWin = epoch.UnixMilli() / ra.wms
+		s.initSideRule(ra) // sides.go
 	}
 	s.seconds = make([]SecondRow, (s.durMs+999)/1000)
 
@@ -622,8 +625,9 @@ func (s *sim) allowOutcome(c *allowCall) {
 		acc := &c.ra.keys[c.gk]
 		acc.admReq++
 		acc.admCred += c.ws.w.Cost
-		c.ra.noteInWindow(s.now, c.gk, c.ws.w.Cost) // inwindow.go
-		s.noteSub(c.ws, c.k, c.ws.w.Cost)           // subintervals.go
+		c.ra.noteInWindow(s.now, c.gk, c.ws.w.Cost)  // inwindow.go
+		s.noteSub(c.ws, c.k, c.ws.w.Cost)            // subintervals.go
+		c.ra.sideAdmitted(c.gk, c.node, c.ws.w.Cost) // sides.go
 	} else if c.ws.w.WellBehaved {
 		c.ra.falseRej++
 	}
@@ -653,6 +657,7 @@ func (s *sim) job(r int) error {
 	}
 	if s.isDue[r] {
 		s.readies[r] = n.core.Tick(now)
+		s.sides.noteTick(r, n.core) // sides.go
 		if len(s.held[r]) > 0 {
 			s.retryHeld(r, n) // hold.go
 		}
@@ -812,6 +817,7 @@ func (s *sim) tick() error {
 		s.isDue[r] = false
 		rd := s.readies[r]
 		s.readies[r] = node.Ready{}
+		s.sides.foldTick(int(r), s.now) // sides.go
 		for _, b := range rd.Messages {
 			if err := s.publish(int(r), b); err != nil {
 				return err

@@ -96,6 +96,11 @@ type Result struct {
 	InWindow []InWindowRow
 	// Subintervals is admitted credits per workload per SubMs.
 	Subintervals []SubRow
+	// Sides is each windowed rule's windows per side of the run's first
+	// partition (sides.go); nil without a partition.
+	Sides []SideRow
+	// PartitionPolicy is the mesh's (strict or available).
+	PartitionPolicy string
 	// Classes is each rule's figures per class (credits.go).
 	Classes []ClassRow
 	Clocks  []ClockRow // each running node's clock at the end (clocks.go)
@@ -166,6 +171,12 @@ func (r *Result) WriteFiles(dir string) error {
 		{"subintervals.csv", r.writeSubCSV},
 		{"subintervals.svg", r.writeSubSVG},
 		{"clocks.csv", r.writeClocksCSV}, // clocks.go
+	}
+	if len(r.Sides) > 0 { // sides.go
+		files = append(files, struct {
+			name  string
+			write func(io.Writer) error
+		}{"sides.csv", r.writeSidesCSV})
 	}
 	if len(r.Leases) > 0 { // leases.go
 		files = append(files, []struct {
@@ -415,12 +426,39 @@ func xmlEscape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
 }
 
+// writeAdmittedSVG plots windows.csv: per rule, the credits admitted per
+// true window against Σ min(offered, limit) over the keys offered. A run
+// with a partition adds a panel per side of its first partition
+// (sides.csv): the credits the side's nodes admitted against what the
+// partition policy let that side use, drawn over the windows that overlap
+// a partition; a rule's panels share one scale.
 func (r *Result) writeAdmittedSVG(w io.Writer) error {
+	type side struct {
+		nodes string
+		n     int
+	}
+	var sides []side
+	total := 0
+	for _, row := range r.Sides {
+		if row.Side == len(sides) {
+			sides = append(sides, side{row.Nodes, row.NodeN})
+			total += row.NodeN
+		}
+	}
 	var p plot
 	rules := r.Summary.Rules
-	p.header(len(rules), fmt.Sprintf("%s (seed %d): admitted vs. limit per true window; shaded: partition (orange), node down (grey)", r.Summary.Scenario, r.Summary.Seed))
+	p.header(len(rules)*(1+len(sides)), fmt.Sprintf("%s (seed %d): admitted vs. limit per true window; shaded: partition (orange), node down (grey)", r.Summary.Scenario, r.Summary.Seed))
 	xmax := float64(r.DurationMs) / 1000
-	for i, rs := range rules {
+	split := func(row SideRow) bool {
+		for _, sh := range r.Shades {
+			if sh.Kind == "partition" && row.StartMs < sh.To && row.StartMs+row.WindowMs > sh.From {
+				return true
+			}
+		}
+		return false
+	}
+	panel := 0
+	for _, rs := range rules {
 		var xs, adm, lim []float64
 		ymax := 0.0
 		for _, row := range r.Windows {
@@ -433,9 +471,45 @@ func (r *Result) writeAdmittedSVG(w io.Writer) error {
 			lim = append(lim, float64(row.CapSum))
 			ymax = max(ymax, float64(row.AdmCred), float64(row.CapSum))
 		}
-		p.panel(i, fmt.Sprintf("rule %s: credits per true window, summed over the keys offered", rs.Name), xmax, ymax, r.Shades)
+		sxs, sadm, slim := make([][]float64, len(sides)), make([][]float64, len(sides)), make([][]float64, len(sides))
+		for _, row := range r.Sides {
+			if row.Rule != rs.Name {
+				continue
+			}
+			k := row.Side
+			sxs[k] = append(sxs[k], float64(row.StartMs+row.WindowMs/2)/1000)
+			sadm[k] = append(sadm[k], float64(row.AdmCred))
+			ymax = max(ymax, float64(row.AdmCred))
+			if split(row) {
+				slim[k] = append(slim[k], float64(row.CapSum))
+				ymax = max(ymax, float64(row.CapSum))
+			} else {
+				slim[k] = append(slim[k], math.NaN())
+			}
+		}
+		title := fmt.Sprintf("rule %s: credits per true window, summed over the keys offered", rs.Name)
+		if len(sides) > 0 {
+			title = fmt.Sprintf("rule %s, all %d nodes: credits per true window, summed over the keys offered", rs.Name, total)
+		}
+		p.panel(panel, title, xmax, ymax, r.Shades)
+		panel++
 		p.line(xs, lim, "#d62828", true, "limit: Σ min(offered, limit)")
 		p.line(xs, adm, "#1d3557", false, "admitted")
+		for k, sd := range sides {
+			p.panel(panel, fmt.Sprintf("rule %s, side %d of %d: nodes %s (%d of %d), credits per true window, summed over the keys offered to them",
+				rs.Name, k+1, len(sides), sd.nodes, sd.n, total), xmax, ymax, r.Shades)
+			panel++
+			if len(sxs[k]) == 0 {
+				continue
+			}
+			p.line(sxs[k], slim[k], "#d62828", true, "its limit while split: Σ min(offered to it, limit × scale)")
+			p.line(sxs[k], sadm[k], "#1d3557", false, "admitted by its nodes")
+			if r.PartitionPolicy == "strict" {
+				p.note("strict: scale = alive/(alive + suspect), 0 when fenced")
+			} else {
+				p.note(r.PartitionPolicy + ": scale = 1, each side may use the whole limit")
+			}
+		}
 	}
 	_, err := io.WriteString(w, p.done())
 	return err

@@ -90,7 +90,7 @@ func TestSameSeedSameBytes(t *testing.T) {
 	b := outputs(t, sc, Options{})
 	// More workers must not change a byte either (cores share nothing).
 	c := outputs(t, sc, Options{Workers: 3, parallelMin: 1})
-	for _, name := range []string{"summary.json", "table.txt", "windows.csv", "seconds.csv", "nodes.csv", "admitted.svg", "bytes.svg", "inwindow.csv", "inwindow.svg", "subintervals.csv", "subintervals.svg", "leases.csv", "leases.svg"} {
+	for _, name := range []string{"summary.json", "table.txt", "windows.csv", "seconds.csv", "nodes.csv", "admitted.svg", "bytes.svg", "inwindow.csv", "inwindow.svg", "subintervals.csv", "subintervals.svg", "sides.csv", "leases.csv", "leases.svg"} {
 		if a[name] == nil {
 			t.Fatalf("%s is missing from the outputs", name)
 		}
