@@ -505,7 +505,7 @@ func (r *Result) writeAdmittedSVG(w io.Writer) error {
 			p.line(sxs[k], slim[k], "#d62828", true, "its limit while split: Σ min(offered to it, limit × scale)")
 			p.line(sxs[k], sadm[k], "#1d3557", false, "admitted by its nodes")
 			if r.PartitionPolicy == "strict" {
-				p.note("strict: scale = alive/(alive + suspect), 0 when fenced")
+				p.note("strict: scale = alive/(alive + suspect), 0 fenced")
 			} else {
 				p.note(r.PartitionPolicy + ": scale = 1, each side may use the whole limit")
 			}

@@ -111,6 +111,9 @@ func TestSameSeedSameBytes(t *testing.T) {
 	if !bytes.Contains(a["admitted.svg"], []byte(`<title>partition</title>`)) || !bytes.Contains(a["admitted.svg"], []byte(`<title>down</title>`)) {
 		t.Error("admitted.svg shades neither the partition nor the crashes")
 	}
+	if !bytes.Contains(a["subintervals.svg"], []byte("workload 3 (rule conns): a concurrency rule")) || bytes.Contains(a["subintervals.svg"], []byte("unlimited class")) {
+		t.Error("subintervals.svg plots the lease workload as credits, or calls a class unlimited")
+	}
 	t.Logf("%s", a["table.txt"])
 }
 

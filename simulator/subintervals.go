@@ -114,7 +114,7 @@ func (r *Result) writeSubCSV(w io.Writer) error {
 
 // writeSubSVG plots subintervals.csv: one panel per workload, its first
 // key's admitted credits per sub-interval beside that key's limit per
-// sub-interval. A limit is a key's, so it is drawn against one key's
+// sub-interval (an empty panel for a concurrency rule's workload). A limit is a key's, so it is drawn against one key's
 // admissions, never against the sum over the workload's keys (which
 // subintervals.csv gives).
 func (r *Result) writeSubSVG(w io.Writer) error {
@@ -125,6 +125,10 @@ func (r *Result) writeSubSVG(w io.Writer) error {
 	}
 	p.header(max(nw, 1), fmt.Sprintf("%s (seed %d): one key's admitted credits per %d ms of true time, per workload", r.Summary.Scenario, r.Summary.Seed, SubMs))
 	xmax := float64(r.DurationMs) / 1000
+	leaseRules := map[string]bool{} // admit no credits (leases.go)
+	for _, f := range r.Leases {
+		leaseRules[f.Rule] = true
+	}
 	for wl := 0; wl < nw; wl++ {
 		var xs, adm []float64
 		var first SubRow
@@ -145,6 +149,10 @@ func (r *Result) writeSubSVG(w io.Writer) error {
 			of = fmt.Sprintf("the first of its %d keys", first.Keys)
 		}
 		title := fmt.Sprintf("workload %d (rule %s): key %s, %s: admitted credits per %d ms", wl, first.Rule, first.Key, of, SubMs)
+		if leaseRules[first.Rule] {
+			p.panel(wl, fmt.Sprintf("workload %d (rule %s): a concurrency rule, whose leases leases.svg plots", wl, first.Rule), xmax, 0, r.Shades)
+			continue
+		}
 		p.limitPanel(wl, title, xmax, r.Shades, xs, adm, ymax, first.KeyLimit,
 			fmt.Sprintf("%s's limit per %d ms", first.Key, SubMs), fmt.Sprintf("%s admitted", first.Key))
 	}
