@@ -121,6 +121,10 @@ func (r *Result) writeInWindowSVG(w io.Writer) error {
 			adm = append(adm, row.KeyPerWindow)
 			ymax = max(ymax, row.KeyPerWindow)
 		}
+		if first.Key == "" {
+			p.panel(i, fmt.Sprintf("rule %s: no workload offers it", name), float64(first.WindowMs)/1000, 0, nil)
+			continue
+		}
 		title := fmt.Sprintf("rule %s, key %s: admitted credits per %d ms bin of its %d ms window, mean over the windows", name, first.Key, InWindowMs, first.WindowMs)
 		p.limitPanel(i, title, float64(first.WindowMs)/1000, nil, xs, adm, ymax, first.KeyLimit,
 			fmt.Sprintf("%s's limit spread evenly", first.Key), fmt.Sprintf("%s admitted", first.Key))

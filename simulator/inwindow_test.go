@@ -64,3 +64,30 @@ func TestPacedScenario(t *testing.T) {
 		t.Errorf("inwindow.svg: %v\n%.600s", err, svg.String())
 	}
 }
+
+// TestInWindowRuleWithoutKeys: a rule no workload offers gets an empty
+// panel that says so, not an "unlimited" key.
+func TestInWindowRuleWithoutKeys(t *testing.T) {
+	res, err := Run(mustParse(t, `
+name: idle-rule
+seed: 1
+duration: 2s
+nodes: 2
+mesh: {sync_interval: 20ms}
+rules:
+  - {name: api, algorithm: fixed_window, limit: 100, window: 1s}
+  - {name: idle, algorithm: fixed_window, limit: 100, window: 1s}
+workload:
+  - {rule: api, rate: 500, keys: 1}
+`), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var svg bytes.Buffer
+	if err := res.writeInWindowSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	if s := svg.String(); !strings.Contains(s, "rule idle: no workload offers it") || strings.Contains(s, "unlimited") || !strings.Contains(s, "rule api, key w0-k0") {
+		t.Errorf("inwindow.svg:\n%s", s)
+	}
+}
