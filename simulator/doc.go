@@ -41,6 +41,11 @@
 // Result.PartitionFigures (and the table's "partition" line) gives a
 // rule's utilisation before, during and after the first partition and the
 // time from the heal until its windows are at full utilisation again.
+// Result.Sides (sides.csv, and admitted.svg's panel per side) gives each
+// side of the first partition's credits per rule and true window beside
+// what the partition policy let that side use: each key's limit times the
+// largest scale its nodes applied (alive/(alive + suspect) under strict,
+// 0 when fenced, else 1), capped at what the side was offered.
 //
 // # Network
 //

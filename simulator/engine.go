@@ -133,6 +133,58 @@ const (
 	sampleMaxAgeMs           = 10_000
 )
 
+// sim is one run of a scenario: the nodes and their cores, the simulated
+// network between them, the workloads, and everything measured, advanced
+// one virtual millisecond at a time by step (the loop of the package doc).
+// newSim builds it (the zero value is not usable), Run drives it, finish
+// turns it into a Result. It serves one run and is not safe for concurrent
+// use: one goroutine drives it, which fans the cores' own work out to
+// workers in runJobs (see Determinism, below).
+//
+// Its fields, in groups:
+//
+//   - The run: the scenario, its seed and the one rand every draw of the
+//     engine comes from (rng: delays, losses, arrivals, keys, nodes,
+//     churn, skews); the nodes by index (a node keeps its index through
+//     crashes and restarts); now, virtual time in ms (0 at epoch); the
+//     scenario's duration, sync interval and network figures.
+//   - Who is there: present holds the indices of the nodes that exist and
+//     have not left, ascending; upList those of them that are up, in the
+//     same order, rebuilt by refreshUp after every change, which bumps
+//     upVer (the workloads' cached pools compare it).
+//   - Delivery: inbox is a timing wheel of len(inbox) = mask+1 (a power
+//     of two beyond the largest delay) per-millisecond slots of
+//     per-receiver batches, slot now&mask due now; pending holds, per
+//     receiver, the batches delivered and not yet stepped, nPending
+//     their total. A receiver's pending batches are stepped before
+//     anything reads or drives its core: its requests and Tick (job),
+//     every event (flushAll), the end of the run.
+//   - The millisecond's work, scratch rebuilt every millisecond: calls
+//     (the requests generate drew), jobs (the nodes driven), jobCalls
+//     (per node, its calls), due (the nodes whose Tick is due), readies
+//     (their Ticks' outputs, which tick publishes); between milliseconds
+//     calls, jobCalls and readies are empty and isJob and isDue all
+//     false. workers, parallelMin and eager say how work runs the jobs
+//     (Options).
+//   - Scripted time: events, a heap by (at, seq), evSeq its counter.
+//   - What is offered: rules (accumulators by the scenario's rule order,
+//     ruleIdx by name) and wls, the workloads; lease holds the lease
+//     clients of concurrency rules (leases.go), held the Allows each
+//     node holds for share_wait (hold.go).
+//   - What is measured: the convergence samples open per sender (open,
+//     nOpen = their total, one batch in sampleK sampled); partStart (≥ 0
+//     while a partition is on) and downStart (per node, ≥ 0 while it is
+//     down) open the shades that shades collects; reincs; traffic per
+//     second, per node-ms up and in total (seconds, nodeMs, totMsgs,
+//     totBytes); skipped event actions and offered requests; subs
+//     (subintervals.go) and sides (sides.go).
+//
+// Determinism: only serial code draws from rng or writes what nodes
+// share. The jobs of different nodes (work, flushAll) may run in parallel
+// (Options.Workers); a job touches only its node's core and its node's
+// slots (pending[r], jobCalls[r], readies[r], held[r], sides.tick[r] and
+// its own calls), and the serial code after it reads them in node order,
+// so no output depends on Workers.
 type sim struct {
 	sc      *Scenario
 	seed    uint64
@@ -184,6 +236,7 @@ type sim struct {
 	subs      subIntervals // admitted per workload per SubMs (subintervals.go)
 	lease     leaseState   // lease clients of concurrency rules (leases.go)
 	held      [][]heldCall // per node: Allows held for share_wait (hold.go)
+	sides     sideState    // the sides of the first partition and their scales (sides.go)
 }
 
 // Run simulates sc and returns its result.
@@ -273,6 +326,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		s.downStart[i] = -1
 	}
 	s.sampleK = uint64(max(1, sc.Nodes/20))
+	s.initSides() // sides.go
 
 	for i, r := range sc.Rules {
 		nr := r
@@ -289,6 +343,9 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		ws.keys = make([]string, w.Keys)
 		for k := range ws.keys {
 			ws.keys[k] = fmt.Sprintf("w%d-k%d", i, k)
+			if ws.keyBase+k == 0 {
+				ra.key0 = ws.keys[k] // inwindow.go
+			}
 			lim, unlimited, err := ra.rule.LimitFor(ws.keys[k], w.Class)
 			if err != nil {
 				return nil, err
@@ -333,6 +390,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		nw := s.durMs/ra.wms + 2
 		ra.series = make([]winAgg, nw)
 		ra.firstWin = epoch.UnixMilli() / ra.wms
+		s.initSideRule(ra) // sides.go
 	}
 	s.seconds = make([]SecondRow, (s.durMs+999)/1000)
 
@@ -619,8 +677,9 @@ func (s *sim) allowOutcome(c *allowCall) {
 		acc := &c.ra.keys[c.gk]
 		acc.admReq++
 		acc.admCred += c.ws.w.Cost
-		c.ra.noteInWindow(s.now, c.ws.w.Cost) // inwindow.go
-		s.noteSub(c.ws, c.ws.w.Cost)
+		c.ra.noteInWindow(s.now, c.gk, c.ws.w.Cost)  // inwindow.go
+		s.noteSub(c.ws, c.k, c.ws.w.Cost)            // subintervals.go
+		c.ra.sideAdmitted(c.gk, c.node, c.ws.w.Cost) // sides.go
 	} else if c.ws.w.WellBehaved {
 		c.ra.falseRej++
 	}
@@ -650,6 +709,7 @@ func (s *sim) job(r int) error {
 	}
 	if s.isDue[r] {
 		s.readies[r] = n.core.Tick(now)
+		s.sides.noteTick(r, n.core) // sides.go
 		if len(s.held[r]) > 0 {
 			s.retryHeld(r, n) // hold.go
 		}
@@ -809,6 +869,7 @@ func (s *sim) tick() error {
 		s.isDue[r] = false
 		rd := s.readies[r]
 		s.readies[r] = node.Ready{}
+		s.sides.foldTick(int(r), s.now) // sides.go
 		for _, b := range rd.Messages {
 			if err := s.publish(int(r), b); err != nil {
 				return err

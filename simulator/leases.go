@@ -787,9 +787,9 @@ func (r *Result) writeLeasesSVG(w io.Writer) error {
 			ymax = max(ymax, float64(row.HeldMax), 1.5*float64(row.Limit))
 		}
 		p.panel(i, fmt.Sprintf("rule %s, key %s: most leases held per %d ms", pn.rule, pn.key, leaseBucketMs), xmax, ymax, r.Shades)
-		p.line(xs, dem, "#8d99ae", true, "clients wanting a lease (clipped)", 0)
-		p.line(xs, lim, "#d62828", true, "limit", 1)
-		p.line(xs, held, "#1d3557", false, "held", 2)
+		p.line(xs, dem, "#8d99ae", true, "clients wanting a lease (clipped)")
+		p.line(xs, lim, "#d62828", true, "limit")
+		p.line(xs, held, "#1d3557", false, "held")
 	}
 	_, err := io.WriteString(w, p.done())
 	return err

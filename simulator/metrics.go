@@ -47,6 +47,13 @@ type ruleAcc struct {
 	conv              []int64
 	lr                *leaseRule  // a concurrency rule's lease accounting (leases.go); nil for windowed rules
 	refs              []refBucket // a token_bucket rule's reference bucket per key (bucket.go); nil otherwise
+	key0              string      // the rule's first key (its first workload's k0), profiled alone in inWindowKey
+	inWindowKey       []uint64    // key0's admitted credits per 50 ms of the window (inwindow.go)
+
+	// Per side of the first partition (sides.go); nil without one.
+	sides      *sideState
+	sideKeys   []sideKey // per key, per side: the key's current window
+	sideSeries []sideAgg // per window (as series), per side
 }
 
 // windowLimit returns key k's limit in its closing window acc: the rule's
@@ -68,7 +75,8 @@ func (ra *ruleAcc) flush(k int) {
 		ra.offered += acc.offReq
 		ra.admitted += acc.admReq
 		var agg *winAgg
-		if off := acc.win - ra.firstWin; off >= 0 && off < int64(len(ra.series)) {
+		off := acc.win - ra.firstWin
+		if off >= 0 && off < int64(len(ra.series)) {
 			agg = &ra.series[off]
 			agg.Keys++
 			agg.OffReq += acc.offReq
@@ -76,7 +84,12 @@ func (ra *ruleAcc) flush(k int) {
 			agg.OffCred += acc.offCred
 			agg.AdmCred += acc.admCred
 		}
-		if lim := ra.windowLimit(k, acc); lim > 0 {
+		lim := ra.windowLimit(k, acc)
+		if agg == nil {
+			off = -1
+		}
+		ra.flushSides(k, acc, off, lim) // sides.go
+		if lim > 0 {
 			ra.limited++
 			over := float64(acc.admCred)/float64(lim) - 1
 			if over > 0 {
@@ -91,6 +104,8 @@ func (ra *ruleAcc) flush(k int) {
 				agg.OvershootMax = max(agg.OvershootMax, max(over, 0))
 			}
 		}
+	} else {
+		ra.flushSides(k, acc, -1, 0)
 	}
 	*acc = keyAcc{win: math.MinInt64}
 }
@@ -303,6 +318,8 @@ func (s *sim) result() *Result {
 	nodeSec := float64(s.nodeMs) / 1000
 	res := &Result{Shades: s.shades, DurationMs: s.durMs, Subintervals: s.subRows()}
 	res.InWindow = s.inWindowRows()
+	res.Sides = s.sideRows() // sides.go
+	res.PartitionPolicy = string(s.sc.Mesh.Policy)
 	res.Classes = s.classRows() // credits.go
 	res.Clocks = s.clockRows()  // clocks.go
 	res.Summary = Summary{

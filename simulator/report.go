@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -95,6 +96,11 @@ type Result struct {
 	InWindow []InWindowRow
 	// Subintervals is admitted credits per workload per SubMs.
 	Subintervals []SubRow
+	// Sides is each windowed rule's windows per side of the run's first
+	// partition (sides.go); nil without a partition.
+	Sides []SideRow
+	// PartitionPolicy is the mesh's (strict or available).
+	PartitionPolicy string
 	// Classes is each rule's figures per class (credits.go).
 	Classes []ClassRow
 	Clocks  []ClockRow // each running node's clock at the end (clocks.go)
@@ -166,6 +172,12 @@ func (r *Result) WriteFiles(dir string) error {
 		{"subintervals.svg", r.writeSubSVG},
 		{"clocks.csv", r.writeClocksCSV}, // clocks.go
 	}
+	if len(r.Sides) > 0 { // sides.go
+		files = append(files, struct {
+			name  string
+			write func(io.Writer) error
+		}{"sides.csv", r.writeSidesCSV})
+	}
 	if len(r.Leases) > 0 { // leases.go
 		files = append(files, []struct {
 			name  string
@@ -236,6 +248,7 @@ type plot struct {
 	b            strings.Builder
 	x0, y0, w, h float64 // the plot area
 	xmax, ymax   float64
+	legendX      float64 // where the panel's next legend entry starts
 }
 
 const (
@@ -277,35 +290,99 @@ func (p *plot) panel(i int, title string, xmax, ymax float64, shades []Shade) {
 		fmt.Fprintf(&p.b, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#ddd"/><text x="%s" y="%s" text-anchor="end">%s</text>`+"\n",
 			ftoa(p.x0, 1), ftoa(y, 1), ftoa(p.x0+p.w, 1), ftoa(y, 1), ftoa(p.x0-4, 1), ftoa(y+4, 1), short(v))
 	}
-	for k := 0; k <= 6; k++ {
-		v := p.xmax * float64(k) / 6
+	step := tickStep(p.xmax)
+	for k := 0; float64(k)*step <= p.xmax*(1+1e-9); k++ {
+		v := float64(k) * step
 		x := p.X(v)
 		fmt.Fprintf(&p.b, `<text x="%s" y="%s" text-anchor="middle">%ss</text>`+"\n", ftoa(x, 1), ftoa(p.y0+p.h+14, 1), short(v))
 	}
+	p.legendX = p.x0 + 10
 }
 
-func (p *plot) line(xs, ys []float64, color string, dashed bool, label string, slot int) {
+// tickStep returns the step of the x axis's ticks: 1, 2 or 5 times a
+// power of ten, the smallest that puts at most 8 steps in xmax.
+func tickStep(xmax float64) float64 {
+	mag := math.Pow(10, math.Floor(math.Log10(xmax))-1)
+	for {
+		for _, m := range []float64{1, 2, 5} {
+			if xmax/(m*mag) <= 8 {
+				return m * mag
+			}
+		}
+		mag *= 10
+	}
+}
+
+// legendWidth is about how wide label is at font-size 11.
+func legendWidth(label string) float64 { return 5.4 * float64(len([]rune(label))) }
+
+// line draws ys against xs with a legend entry; a NaN in ys breaks the
+// line (no point there).
+func (p *plot) line(xs, ys []float64, color string, dashed bool, label string) {
 	if len(xs) == 0 {
 		return
 	}
+	dash := ""
+	if dashed {
+		dash = ` stroke-dasharray="5,3"`
+	}
 	var pts strings.Builder
+	flush := func() {
+		if pts.Len() > 0 {
+			fmt.Fprintf(&p.b, `<polyline fill="none" stroke="%s" stroke-width="1.2"%s points="%s"/>`+"\n", color, dash, pts.String())
+			pts.Reset()
+		}
+	}
 	for i := range xs {
-		if i > 0 {
+		if math.IsNaN(ys[i]) {
+			flush()
+			continue
+		}
+		if pts.Len() > 0 {
 			pts.WriteByte(' ')
 		}
 		pts.WriteString(ftoa(p.X(xs[i]), 1))
 		pts.WriteByte(',')
 		pts.WriteString(ftoa(p.Y(min(ys[i], p.ymax)), 1))
 	}
-	dash := ""
-	if dashed {
-		dash = ` stroke-dasharray="5,3"`
-	}
-	fmt.Fprintf(&p.b, `<polyline fill="none" stroke="%s" stroke-width="1.2"%s points="%s"/>`+"\n", color, dash, pts.String())
-	lx := p.x0 + 10 + float64(slot)*220
+	flush()
+	lx := p.legendX
 	ly := p.y0 + p.h + 30
 	fmt.Fprintf(&p.b, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s"%s/><text x="%s" y="%s">%s</text>`+"\n",
 		ftoa(lx, 1), ftoa(ly-4, 1), ftoa(lx+20, 1), ftoa(ly-4, 1), color, dash, ftoa(lx+24, 1), ftoa(ly, 1), xmlEscape(label))
+	p.legendX += 24 + legendWidth(label) + 24
+}
+
+// note adds a legend entry without a line: text about the panel.
+func (p *plot) note(text string) {
+	fmt.Fprintf(&p.b, `<text x="%s" y="%s" fill="#555">%s</text>`+"\n", ftoa(p.legendX, 1), ftoa(p.y0+p.h+30, 1), xmlEscape(text))
+	p.legendX += legendWidth(text) + 24
+}
+
+// limitPanel draws panel i: one key's admitted credits (adm, at xs)
+// beside that key's limit per point (limit, constant; 0 when unlimited),
+// labelled limLabel and admLabel. A limit more than 4 times the largest
+// admission is named in the legend instead of drawn, so that the
+// admissions keep the panel's scale.
+func (p *plot) limitPanel(i int, title string, xmax float64, shades []Shade, xs, adm []float64, ymax, limit float64, limLabel, admLabel string) {
+	drawLimit := limit > 0 && (ymax == 0 || limit <= 4*ymax)
+	if drawLimit {
+		ymax = max(ymax, limit)
+	}
+	p.panel(i, title, xmax, ymax, shades)
+	switch {
+	case drawLimit:
+		lim := make([]float64, len(xs))
+		for k := range lim {
+			lim[k] = limit
+		}
+		p.line(xs, lim, "#d62828", true, limLabel)
+	case limit > 0:
+		p.note(fmt.Sprintf("%s: %s, above this scale", limLabel, short(limit)))
+	default:
+		p.note("unlimited class: no limit")
+	}
+	p.line(xs, adm, "#1d3557", false, admLabel)
 }
 
 func (p *plot) done() string {
@@ -324,7 +401,8 @@ func niceMax(v float64) float64 {
 	for mag > v {
 		mag /= 10
 	}
-	for _, m := range []float64{1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10} {
+	// Each a quarter of which (a y tick) is short to write.
+	for _, m := range []float64{1, 1.2, 1.6, 2, 2.4, 3, 4, 6, 8, 10} {
 		if m*mag >= v*1.05 {
 			return m * mag
 		}
@@ -341,19 +419,46 @@ func short(v float64) string {
 	case v == float64(int64(v)):
 		return ftoa(v, 0)
 	}
-	return ftoa(v, 1)
+	return strings.TrimRight(strings.TrimRight(ftoa(v, 2), "0"), ".")
 }
 
 func xmlEscape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
 }
 
+// writeAdmittedSVG plots windows.csv: per rule, the credits admitted per
+// true window against Σ min(offered, limit) over the keys offered. A run
+// with a partition adds a panel per side of its first partition
+// (sides.csv): the credits the side's nodes admitted against what the
+// partition policy let that side use, drawn over the windows that overlap
+// a partition; a rule's panels share one scale.
 func (r *Result) writeAdmittedSVG(w io.Writer) error {
+	type side struct {
+		nodes string
+		n     int
+	}
+	var sides []side
+	total := 0
+	for _, row := range r.Sides {
+		if row.Side == len(sides) {
+			sides = append(sides, side{row.Nodes, row.NodeN})
+			total += row.NodeN
+		}
+	}
 	var p plot
 	rules := r.Summary.Rules
-	p.header(len(rules), fmt.Sprintf("%s (seed %d): admitted vs. limit per true window; shaded: partition (orange), node down (grey)", r.Summary.Scenario, r.Summary.Seed))
+	p.header(len(rules)*(1+len(sides)), fmt.Sprintf("%s (seed %d): admitted vs. limit per true window; shaded: partition (orange), node down (grey)", r.Summary.Scenario, r.Summary.Seed))
 	xmax := float64(r.DurationMs) / 1000
-	for i, rs := range rules {
+	split := func(row SideRow) bool {
+		for _, sh := range r.Shades {
+			if sh.Kind == "partition" && row.StartMs < sh.To && row.StartMs+row.WindowMs > sh.From {
+				return true
+			}
+		}
+		return false
+	}
+	panel := 0
+	for _, rs := range rules {
 		var xs, adm, lim []float64
 		ymax := 0.0
 		for _, row := range r.Windows {
@@ -366,9 +471,45 @@ func (r *Result) writeAdmittedSVG(w io.Writer) error {
 			lim = append(lim, float64(row.CapSum))
 			ymax = max(ymax, float64(row.AdmCred), float64(row.CapSum))
 		}
-		p.panel(i, fmt.Sprintf("rule %s: credits per true window, summed over the keys offered", rs.Name), xmax, ymax, r.Shades)
-		p.line(xs, lim, "#d62828", true, "limit: Σ min(offered, limit)", 0)
-		p.line(xs, adm, "#1d3557", false, "admitted", 1)
+		sxs, sadm, slim := make([][]float64, len(sides)), make([][]float64, len(sides)), make([][]float64, len(sides))
+		for _, row := range r.Sides {
+			if row.Rule != rs.Name {
+				continue
+			}
+			k := row.Side
+			sxs[k] = append(sxs[k], float64(row.StartMs+row.WindowMs/2)/1000)
+			sadm[k] = append(sadm[k], float64(row.AdmCred))
+			ymax = max(ymax, float64(row.AdmCred))
+			if split(row) {
+				slim[k] = append(slim[k], float64(row.CapSum))
+				ymax = max(ymax, float64(row.CapSum))
+			} else {
+				slim[k] = append(slim[k], math.NaN())
+			}
+		}
+		title := fmt.Sprintf("rule %s: credits per true window, summed over the keys offered", rs.Name)
+		if len(sides) > 0 {
+			title = fmt.Sprintf("rule %s, all %d nodes: credits per true window, summed over the keys offered", rs.Name, total)
+		}
+		p.panel(panel, title, xmax, ymax, r.Shades)
+		panel++
+		p.line(xs, lim, "#d62828", true, "limit: Σ min(offered, limit)")
+		p.line(xs, adm, "#1d3557", false, "admitted")
+		for k, sd := range sides {
+			p.panel(panel, fmt.Sprintf("rule %s, side %d of %d: nodes %s (%d of %d), credits per true window, summed over the keys offered to them",
+				rs.Name, k+1, len(sides), sd.nodes, sd.n, total), xmax, ymax, r.Shades)
+			panel++
+			if len(sxs[k]) == 0 {
+				continue
+			}
+			p.line(sxs[k], slim[k], "#d62828", true, "its limit while split: Σ min(offered to it, limit × scale)")
+			p.line(sxs[k], sadm[k], "#1d3557", false, "admitted by its nodes")
+			if r.PartitionPolicy == "strict" {
+				p.note("strict: scale = alive/(alive + suspect), 0 fenced")
+			} else {
+				p.note(r.PartitionPolicy + ": scale = 1, each side may use the whole limit")
+			}
+		}
 	}
 	_, err := io.WriteString(w, p.done())
 	return err
@@ -385,7 +526,7 @@ func (r *Result) writeBytesSVG(w io.Writer) error {
 		ymax = max(ymax, row.perNode())
 	}
 	p.panel(0, "bytes per node per second (gossip and anti-entropy)", float64(r.DurationMs)/1000, ymax, r.Shades)
-	p.line(xs, ys, "#2a9d8f", false, "bytes/node/s", 0)
+	p.line(xs, ys, "#2a9d8f", false, "bytes/node/s")
 	_, err := io.WriteString(w, p.done())
 	return err
 }

@@ -90,7 +90,7 @@ func TestSameSeedSameBytes(t *testing.T) {
 	b := outputs(t, sc, Options{})
 	// More workers must not change a byte either (cores share nothing).
 	c := outputs(t, sc, Options{Workers: 3, parallelMin: 1})
-	for _, name := range []string{"summary.json", "table.txt", "windows.csv", "seconds.csv", "nodes.csv", "admitted.svg", "bytes.svg", "inwindow.csv", "inwindow.svg", "leases.csv", "leases.svg"} {
+	for _, name := range []string{"summary.json", "table.txt", "windows.csv", "seconds.csv", "nodes.csv", "admitted.svg", "bytes.svg", "inwindow.csv", "inwindow.svg", "subintervals.csv", "subintervals.svg", "sides.csv", "leases.csv", "leases.svg"} {
 		if a[name] == nil {
 			t.Fatalf("%s is missing from the outputs", name)
 		}
@@ -110,6 +110,9 @@ func TestSameSeedSameBytes(t *testing.T) {
 	}
 	if !bytes.Contains(a["admitted.svg"], []byte(`<title>partition</title>`)) || !bytes.Contains(a["admitted.svg"], []byte(`<title>down</title>`)) {
 		t.Error("admitted.svg shades neither the partition nor the crashes")
+	}
+	if !bytes.Contains(a["subintervals.svg"], []byte("workload 3 (rule conns): a concurrency rule")) || bytes.Contains(a["subintervals.svg"], []byte("unlimited class")) {
+		t.Error("subintervals.svg plots the lease workload as credits, or calls a class unlimited")
 	}
 	t.Logf("%s", a["table.txt"])
 }

@@ -165,6 +165,7 @@ func (s *sim) generate() {
 				}
 				continue
 			}
+			ra.sideOffered(gk, i, cost) // sides.go
 			// Decided in work. The outcome only adds to acc, which
 			// nothing reads before then: a key's window changes at most
 			// at its first request of a millisecond.
