@@ -34,7 +34,9 @@ func (l latencies) quantile(q float64) time.Duration {
 // round-robin over 3 members, against a limit of 1000 per 20 s. Decided
 // at once, the members' shares ran out while their own admissions awaited
 // acknowledgement (866–872 admitted in a probe at the previous commit);
-// held for their share, all 900 are admitted, none slower than 250 ms.
+// held for their share, all 900 are admitted, none slower than 250 ms on
+// a quiet host (the default hold, 200 ms there, stretches to at most
+// limiter.MaxShareWait as acknowledgements slow on a loaded one).
 func TestFrontBurst(t *testing.T) {
 	win := 20 * time.Second
 	clock := testutil.AlignedClock(win, time.Second)
@@ -92,7 +94,7 @@ func TestFrontBurst(t *testing.T) {
 	}
 	slowest := 250 * time.Millisecond
 	if raceEnabled {
-		slowest = time.Second
+		slowest = limiter.MaxShareWait + 500*time.Millisecond // the longest hold, and the race detector's scheduling
 	}
 	if mx := lat.quantile(1); mx > slowest {
 		t.Errorf("slowest request took %v, over %v", mx, slowest)

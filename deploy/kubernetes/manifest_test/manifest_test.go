@@ -47,7 +47,7 @@ const (
 var (
 	serveFlags = []string{
 		"allow-peer", "allow-peers-dns", "allow-peers-file", "api", "bootstrap", "client-ca", "config",
-		"config-poll", "data-dir", "envoy-config", "grpc", "insecure-api", "listen", "log-format",
+		"config-poll", "data-dir", "envoy-config", "envoy-share-wait", "grpc", "insecure-api", "listen", "log-format",
 		"log-level", "metrics-auth", "pprof", "psk-file", "tls-cert", "tls-key", "token-file", "upgrade-alone",
 	}
 	boolFlags = []string{"insecure-api", "metrics-auth", "upgrade-alone"}
