@@ -114,14 +114,14 @@ func (u *Usage) weighted(alg Algorithm, e float64) (used, unacked float64) {
 	return used, unacked
 }
 
-func (e Env) scale() float64 {
+func (e *Env) scale() float64 {
 	if e.Scale <= 0 || e.Scale > 1 {
 		return 1
 	}
 	return e.Scale
 }
 
-func (e Env) members() float64 {
+func (e *Env) members() float64 {
 	if e.Members < 1 {
 		return 1
 	}
