@@ -114,14 +114,14 @@ func (u *Usage) weighted(alg Algorithm, e float64) (used, unacked float64) {
 	return used, unacked
 }
 
-func (e Env) scale() float64 {
+func (e *Env) scale() float64 {
 	if e.Scale <= 0 || e.Scale > 1 {
 		return 1
 	}
 	return e.Scale
 }
 
-func (e Env) members() float64 {
+func (e *Env) members() float64 {
 	if e.Members < 1 {
 		return 1
 	}
@@ -209,7 +209,7 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 	} else {
 		L := float64(limit) * env.scale()
 		P := used - unacked
-		share := (L-P)/env.members() - unacked
+		share := equalShare(L, P, unacked, env)
 		if r.Share == Demand {
 			share = (L-P)*r.demandShare(u, env, pos.elapsed, cost) - unacked
 		}
@@ -276,9 +276,24 @@ func (r *Rule) decide(d *Decision, limit, cost uint64, u *Usage, env *Env, lot *
 	if d.Allowed {
 		after += float64(cost)
 	}
+	d.Remaining = remaining(limit, after)
+}
+
+// equalShare returns this member's equal share of the room under the
+// scaled limit L, given the merged usage P and its own unacknowledged
+// usage u: (L − P)/N − u. Rule.decide and Limiter.AllowInto's fast path
+// both take it from here.
+func equalShare(L, P, unacked float64, env *Env) float64 {
+	return (L-P)/env.members() - unacked
+}
+
+// remaining returns max(0, ⌊limit − after⌋), what a decision's Remaining
+// reports after usage after.
+func remaining(limit uint64, after float64) uint64 {
 	if rem := float64(limit) - after; rem > 0 {
-		d.Remaining = uint64(math.Floor(rem))
+		return uint64(math.Floor(rem))
 	}
+	return 0
 }
 
 func (r *Rule) retryAfter(limit, cost uint64, u Usage, env Env, reason Reason) time.Duration {

@@ -23,6 +23,10 @@ type Limiter struct {
 	windowMs int64
 	hasExtra bool // overrides or classes: LimitFor needs lookups
 	demand   bool // mode suppress or share demand: decisions read attempted credits
+	// plain: a fixed or sliding window in mode reject with equal
+	// shares, not paced, where a request within the member's share is
+	// admitted with nothing else to consult (AllowInto's fast path).
+	plain bool
 
 	// thins holds the per-key thinning of suppressed keys (mode
 	// suppress), pruned as windows turn past thinWin.
@@ -50,6 +54,8 @@ func New(rule Rule, c *crdt.Container, self crdt.SlotID) (*Limiter, error) {
 		windowMs: rule.WindowMs(),
 		hasExtra: len(rule.Overrides) > 0 || len(rule.Classes) > 0,
 		demand:   rule.Mode == Suppress || rule.Share == Demand,
+		plain: (rule.Algorithm == FixedWindow || rule.Algorithm == SlidingWindow) &&
+			rule.Mode == Reject && rule.Share == Equal && !rule.Pace,
 	}, nil
 }
 
@@ -261,10 +267,40 @@ func (l *Limiter) AllowInto(d *Decision, key string, req *Request, env *Env) err
 		*d = Decision{}
 		return err
 	}
-	own := l.decide(d, &ch, l.set.Series(key), env)
-	if d.Reason != ReasonKeyCap {
-		l.record(&ch, own, d.Allowed, env.NowMs)
+	s := l.set.Series(key)
+	if !l.plain || s == nil || ch.Unlimited {
+		own := l.decide(d, &ch, s, env)
+		if d.Reason != ReasonKeyCap {
+			l.record(&ch, own, d.Allowed, env.NowMs)
+		}
+		return nil
 	}
+	// The hot path: an existing key of a plain rule, where decide would
+	// pass no key cap, no bucket and no unlimited class. It reads the
+	// usage as decide does, and the commonest decision, a request within
+	// this member's equal share, it takes and records in this frame:
+	// for a plain rule that is all Rule.decide would consult (its
+	// "share >= c" case, from the same arithmetic), and what record
+	// would count. Anything else goes to Rule.decide with the usage
+	// already read. TestAllowFastPathMatchesGeneral holds the two paths
+	// equal.
+	idx, pos := l.window(env.NowMs)
+	var u Usage
+	own := l.usageAt(&u, s, idx)
+	if c := float64(ch.Cost); own.w != nil && ch.Cost > 0 && ch.Cost <= ch.Limit {
+		used, unacked := u.weighted(l.rule.Algorithm, pos.elapsed)
+		L := float64(ch.Limit) * env.scale()
+		if equalShare(L, used-unacked, unacked, env) >= c {
+			*d = Decision{Allowed: true, Limit: ch.Limit, ResetAfter: pos.reset, Reason: ReasonAdmitted}
+			d.Remaining = remaining(ch.Limit, used+c)
+			own.w.Attempted.Add(l.self, ch.Cost)
+			own.w.Admitted.Add(l.self, ch.Cost)
+			l.c.MarkDirty(own.w)
+			return nil
+		}
+	}
+	l.rule.decide(d, ch.Limit, ch.Cost, &u, env, &lottery{l: l, key: ch.Key}, pos)
+	l.record(&ch, own, d.Allowed, env.NowMs)
 	return nil
 }
 
