@@ -86,6 +86,9 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ratemesh demo: --limit %d: must be between 1 and 100000\n", *limit)
 		return 2
 	}
+	// The nodes log to stderr while the table is written: under --json
+	// both go to it at once.
+	stderr = &syncWriter{w: stderr}
 	table := stdout
 	if *asJSON {
 		table = stderr
@@ -414,4 +417,17 @@ func (s *demoSummary) writeText(w io.Writer) {
 		fmt.Fprintf(w, "; over the limit: %s", strings.Join(over, ", "))
 	}
 	fmt.Fprintln(w)
+}
+
+// syncWriter serialises the writes to w of several goroutines: the demo's
+// table and its nodes' logs share stderr.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
