@@ -13,6 +13,7 @@ import (
 	"github.com/ratemesh/ratemesh/envoy"
 	"github.com/ratemesh/ratemesh/internal/apitest"
 	"github.com/ratemesh/ratemesh/internal/testutil"
+	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
 )
 
@@ -32,8 +33,8 @@ func TestDeadlineBoundsHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	hub := memnet.NewHub()
-	a := apitest.Start(t, hub, "a", desc.Rules())
-	apitest.Start(t, hub, "b", desc.Rules())
+	a := apitest.Start(t, hub, "a", desc.Rules(), patient)
+	apitest.Start(t, hub, "b", desc.Rules(), patient)
 	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		for _, p := range a.Node.Peers() {
 			if p.Peer == "b" && p.State.String() == "alive" {
@@ -53,27 +54,29 @@ func TestDeadlineBoundsHold(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	rls := rlspb.NewRateLimitServiceClient(conn)
-	hub.Cut("a", "b") // b stays alive for 2 s, and acknowledges nothing
+	hub.Cut("a", "b") // b stays alive (patient), and acknowledges nothing
 	r := req("edge", [][][2]string{{{"ip", "10.0.0.1"}}}, 1)
 	for i := range 5 { // a's share of 10 over 2 members, without a deadline
 		if resp, err := rls.ShouldRateLimit(context.Background(), r); err != nil || resp.GetOverallCode() != ok {
 			t.Fatalf("call %d: %v %v", i, resp, err)
 		}
 	}
-	// Through gRPC, with a deadline that a machine busy with other tests
-	// still meets: held at most half of it, not share_wait.
+	// Through gRPC, with the share_wait as the deadline: held for its
+	// share_wait, the call would miss it; held at most half of it, it is
+	// answered with half a second to spare, which a machine busy with
+	// other tests still meets.
 	held := a.Node.HoldStats().Held
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	start := time.Now()
 	resp, err := rls.ShouldRateLimit(ctx, r)
 	took := time.Since(start)
 	cancel()
-	if err != nil || resp.GetOverallCode() != over || took > 900*time.Millisecond {
-		t.Errorf("with a 300 ms deadline: %v %v after %v, want OVER_LIMIT in time", resp, err, took)
+	if err != nil || resp.GetOverallCode() != over {
+		t.Errorf("with a 1 s deadline: %v %v after %v, want OVER_LIMIT in time", resp, err, took)
 	}
-	t.Logf("with a 300 ms deadline: answered in %v", took.Round(100*time.Microsecond))
+	t.Logf("with a 1 s deadline: answered in %v", took.Round(100*time.Microsecond))
 	if h := a.Node.HoldStats().Held; h != held+1 {
-		t.Errorf("%d holds with a 300 ms deadline, want 1", h-held)
+		t.Errorf("%d holds with a 1 s deadline, want 1", h-held)
 	}
 	inTime, late, none := answers(t, reg, "in_time"), answers(t, reg, "late"), answers(t, reg, "no_deadline")
 	if inTime+late != 1 || none != 5 {
@@ -123,4 +126,10 @@ func answers(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
 	}
 	t.Fatalf("no ratemesh_deadline_answers_total{api=\"grpc\",outcome=%q}", outcome)
 	return 0
+}
+
+// patient keeps a silent member alive for the test's whole length, however
+// slowly a busy host runs it: b must hold its share while cut off.
+func patient(c *node.Config) {
+	c.SuspectAfter, c.DeadAfter, c.EvictAfter = time.Minute, 2*time.Minute, 3*time.Minute
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/ratemesh/ratemesh/internal/apitest"
 	"github.com/ratemesh/ratemesh/internal/testutil"
 	"github.com/ratemesh/ratemesh/limiter"
+	"github.com/ratemesh/ratemesh/node"
 	"github.com/ratemesh/ratemesh/node/memnet"
 )
 
@@ -48,8 +49,8 @@ func post(t *testing.T, url, body string, headers map[string]string) (int, map[s
 func TestCallerDeadlineBoundsHold(t *testing.T) {
 	hub := memnet.NewHub()
 	rules := []limiter.Rule{{Name: "held", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Hour, ShareWait: time.Second}}
-	a := apitest.Start(t, hub, "a", rules)
-	apitest.Start(t, hub, "b", rules)
+	a := apitest.Start(t, hub, "a", rules, patient)
+	apitest.Start(t, hub, "b", rules, patient)
 	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		for _, p := range a.Node.Peers() {
 			if p.Peer == "b" && p.State.String() == "alive" {
@@ -58,7 +59,7 @@ func TestCallerDeadlineBoundsHold(t *testing.T) {
 		}
 		return false, "a sees b alive"
 	})
-	hub.Cut("a", "b") // b is alive for 2 s more, and acknowledges nothing
+	hub.Cut("a", "b") // b stays alive (patient), and acknowledges nothing
 	url := a.URL()
 	for i := range 5 { // a's share of 10 over 2 members
 		if status, out, _ := post(t, url+"/v1/allow", `{"rule":"held","key":"k"}`, nil); status != 200 || out["allowed"] != true {
@@ -156,4 +157,10 @@ func grep(text, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// patient keeps a silent member alive for the test's whole length, however
+// slowly a busy host runs it: b must hold its share while cut off.
+func patient(c *node.Config) {
+	c.SuspectAfter, c.DeadAfter, c.EvictAfter = time.Minute, 2*time.Minute, 3*time.Minute
 }
