@@ -20,17 +20,7 @@ import (
 // states — which they now send when they hear a member again — not only
 // after join_timeout, its fallback (10 s here).
 func TestFenceLiftsOverAConnectionThatStayedUp(t *testing.T) {
-	hub := memnet.NewHub()
-	hub.SetDelay(time.Millisecond)
-	rule := fixedRule("api", 1000, time.Second)
-	ns := map[string]*node.Node{}
-	for _, p := range []string{"a", "b", "c"} {
-		cfg := rtConfig(hub, p, rule)
-		cfg.Heartbeat, cfg.SuspectAfter, cfg.DeadAfter = 100*time.Millisecond, 300*time.Millisecond, 600*time.Millisecond
-		cfg.Policy, cfg.JoinTimeout = node.Strict, 10*time.Second
-		ns[p] = rtStart(t, cfg)
-	}
-	rtMeshed(t, ns)
+	hub, ns := strictTrio(t, 300*time.Millisecond, 600*time.Millisecond)
 	hub.Cut("c", "a")
 	hub.Cut("c", "b")
 	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
@@ -54,17 +44,7 @@ func TestFenceLiftsOverAConnectionThatStayedUp(t *testing.T) {
 // it traffic it would deny — and once its batches flow again it is
 // ready again.
 func TestStaleIsNotReady(t *testing.T) {
-	hub := memnet.NewHub()
-	hub.SetDelay(time.Millisecond)
-	rule := fixedRule("api", 1000, time.Second)
-	ns := map[string]*node.Node{}
-	for _, p := range []string{"a", "b", "c"} {
-		cfg := rtConfig(hub, p, rule)
-		cfg.Heartbeat, cfg.SuspectAfter, cfg.DeadAfter = 100*time.Millisecond, 2*time.Second, 4*time.Second
-		cfg.Policy, cfg.JoinTimeout = node.Strict, 10*time.Second
-		ns[p] = rtStart(t, cfg)
-	}
-	rtMeshed(t, ns)
+	hub, ns := strictTrio(t, 2*time.Second, 4*time.Second)
 	if h := ns["c"].Health(); h != node.HealthReady {
 		t.Fatalf("c is %v before the cut, want ready", h)
 	}
@@ -88,4 +68,23 @@ func TestStaleIsNotReady(t *testing.T) {
 		h := ns["c"].Health()
 		return h == node.HealthReady, fmt.Sprintf("c is %v after its batches flow again", h)
 	})
+}
+
+// strictTrio starts a, b and c meshed under strict over a hub with 1 ms
+// links, one rule "api" of 1000 per second, a 100 ms heartbeat, the
+// given suspect_after and dead_after, and a join_timeout of 10 s.
+func strictTrio(t *testing.T, suspectAfter, deadAfter time.Duration) (*memnet.Hub, map[string]*node.Node) {
+	t.Helper()
+	hub := memnet.NewHub()
+	hub.SetDelay(time.Millisecond)
+	rule := fixedRule("api", 1000, time.Second)
+	ns := map[string]*node.Node{}
+	for _, p := range []string{"a", "b", "c"} {
+		cfg := rtConfig(hub, p, rule)
+		cfg.Heartbeat, cfg.SuspectAfter, cfg.DeadAfter = 100*time.Millisecond, suspectAfter, deadAfter
+		cfg.Policy, cfg.JoinTimeout = node.Strict, 10*time.Second
+		ns[p] = rtStart(t, cfg)
+	}
+	rtMeshed(t, ns)
+	return hub, ns
 }
