@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -75,7 +74,7 @@ func TestServeAllowlistFile(t *testing.T) {
 	if s := a.states(t)[idB.String()]; s != "" {
 		t.Fatalf("A holds the unlisted B as %s", s)
 	}
-	if !strings.Contains(a.stderr.String(), "refused a connection") {
+	if !a.logged("refused a connection", 5*time.Second) {
 		t.Error("A did not log the refusal")
 	}
 

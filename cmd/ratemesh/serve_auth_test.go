@@ -73,7 +73,7 @@ func TestServeRefusesAnOpenAPI(t *testing.T) {
 		}
 	}
 	p := startServe(t, bin, "--api", "0.0.0.0:0", "--insecure-api", "--listen", listen, "--data-dir", filepath.Join(dir, "insecure"))
-	if !strings.Contains(p.stderr.String(), "no authentication (api.insecure)") {
+	if !p.logged("no authentication (api.insecure)", 5*time.Second) {
 		t.Errorf("--insecure-api without a warning:\n%s", p.stderr.String())
 	}
 

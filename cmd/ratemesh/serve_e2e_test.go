@@ -126,6 +126,23 @@ func startServeIn(t *testing.T, netns, bin string, args ...string) *proc {
 	return p
 }
 
+// logged reports whether the process's stderr holds substr within d. A
+// line the process wrote before its ready line (or before an answer the
+// test saw) may still be in the pipe: exec copies stderr on a goroutine
+// of its own, which a busy host can run late.
+func (p *proc) logged(substr string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if strings.Contains(p.stderr.String(), substr) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond) // polling the buffer, with a deadline
+	}
+}
+
 func (p *proc) url(path string) string { return "http://" + p.ready.API + path }
 
 func (p *proc) post(path, body string, out any) (int, error) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // copyDir copies the tree at src into dst.
@@ -50,7 +51,7 @@ func TestServeUpgradesAnOldStore(t *testing.T) {
 		}
 	}
 	p := startServe(t, bin, append(args[1:], "--upgrade-alone")...)
-	if !strings.Contains(p.stderr.String(), "migrated the store") {
+	if !p.logged("migrated the store", 5*time.Second) {
 		t.Errorf("no migration logged:\n%s", p.stderr.String())
 	}
 	stop(t, p, syscall.SIGTERM)
