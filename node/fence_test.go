@@ -287,3 +287,37 @@ func TestCoreStrictStalledMemberReclaimsNoOneAtOnce(t *testing.T) {
 		t.Errorf("member 0 is %v, silent for reclaim_after since the wake; want reclaimed (dead)", got)
 	}
 }
+
+// TestCoreMajorityFencedAMomentServesAgain: 5 cores under strict split
+// 2 | 3; the majority then loses each other for suspect_after too (member
+// 2 cut from 3 and 4: the host starved them), so all three fence. When
+// they hear each other again, with the minority still suspect on the far
+// side of the partition, they serve within a heartbeat: each awaits the
+// full states of the members whose silence fenced it, not those of the
+// minority, which it decided without before the fence and which cannot
+// arrive before the partition heals. (Before, each answered joining until
+// join_timeout: the whole majority unavailable for 3 s.)
+func TestCoreMajorityFencedAMomentServesAgain(t *testing.T) {
+	const seed = 97
+	net, cfg := fencedMinority(t, seed)
+	net.Cut(2, 3)
+	net.Cut(2, 4)
+	run(t, net, cfg.SuspectAfter+100*time.Millisecond, nil)
+	for _, i := range []int{2, 3, 4} {
+		if !net.Core(i).Fenced() {
+			t.Fatalf("member %d is not fenced after losing its side for suspect_after", i)
+		}
+	}
+	net.Heal(2, 3)
+	net.Heal(2, 4)
+	run(t, net, cfg.Heartbeat, nil)
+	for _, i := range []int{2, 3, 4} {
+		c := net.Core(i)
+		if c.Fenced() || !c.Ready() {
+			t.Errorf("member %d a heartbeat after its side healed: fenced %v, ready %v; want serving", i, c.Fenced(), c.Ready())
+		}
+		if got := allowN(t, net, i, "api", "k", 10); got == 0 {
+			t.Errorf("member %d admits nothing a heartbeat after its side healed", i)
+		}
+	}
+}

@@ -244,10 +244,18 @@ func (c *Core) noteFence(now time.Time) {
 		m := c.members.byPeer[peer]
 		return m != nil && m.state == Alive
 	}
+	// The suspects awaited when a fence lifts leave out those that were
+	// suspect already while this member served before the fence: it
+	// decided without their latest state then, under the same scaling,
+	// and the fence changed nothing about them. A majority member fenced
+	// for a moment during a partition (its own process starved, so it
+	// stopped hearing its side) would otherwise wait for the other side's
+	// full states, which cannot come before the partition heals, and deny
+	// as joining until join_timeout.
 	suspects := func() []string {
 		var out []string
 		for _, m := range c.members.order {
-			if m.state == Suspect && !m.evicted {
+			if m.state == Suspect && !m.evicted && !m.suspectServing {
 				out = append(out, m.peer)
 			}
 		}
@@ -255,5 +263,10 @@ func (c *Core) noteFence(now time.Time) {
 	}
 	if c.join.fence(now, c.members.fenced, c.self.Peer, alive, suspects) {
 		c.regate()
+	}
+	if !c.members.fenced {
+		for _, m := range c.members.order {
+			m.suspectServing = m.state == Suspect && !m.evicted
+		}
 	}
 }

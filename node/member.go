@@ -84,6 +84,11 @@ type member struct {
 	rulesHash uint64
 	state     State
 	evicted   bool
+	// suspectServing: suspect as of this member's last membership pass
+	// while not fenced (noteFence). Frozen while fenced, it tells the
+	// members it decided without before the fence from those whose
+	// silence fenced it.
+	suspectServing bool
 
 	inStream
 	peerClock
