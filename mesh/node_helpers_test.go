@@ -204,6 +204,7 @@ type tally struct {
 	winMs    int64
 	admitted map[int64]uint64
 	offered  map[int64]uint64
+	denied   [limiter.NumReasons]uint64 // denials by reason
 }
 
 func newTally(w time.Duration) *tally {
@@ -223,6 +224,24 @@ func newTally(w time.Duration) *tally {
 func (t *tally) addDecision(done time.Time, d node.Decision) {
 	end := (done.UnixMilli() + d.ResetAfter.Milliseconds() + t.winMs/2) / t.winMs
 	t.addWindow(end-1, d.Allowed)
+	if !d.Allowed && int(d.Reason) < limiter.NumReasons {
+		t.mu.Lock()
+		t.denied[d.Reason]++
+		t.mu.Unlock()
+	}
+}
+
+// denials returns the denials so far by reason, those with none left out.
+func (t *tally) denials() map[string]uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := map[string]uint64{}
+	for r, n := range t.denied {
+		if n > 0 {
+			m[limiter.Reason(r).String()] = n
+		}
+	}
+	return m
 }
 
 func (t *tally) addWindow(w int64, admitted bool) {

@@ -160,11 +160,13 @@ func TestNodesPartitionStrict(t *testing.T) {
 	// Each side sees the other suspect; the strict policy scales the
 	// limit. The majority (right) reclaims the minority about 1.1 s after
 	// the cut: on a starved host the left may notice the silence only
-	// after that, so right may already see left dead.
+	// after that, so right may already see left dead; and a poll that
+	// runs late finds left seeing right dead too (suspect_after +
+	// dead_after, 1.5 s, after the cut).
 	testutil.Eventually(t, 3*time.Second, func() (bool, string) {
 		for _, a := range left {
 			for _, b := range right {
-				if s := stateOf(a.n, b.m.PeerID()); s != "suspect" {
+				if s := stateOf(a.n, b.m.PeerID()); s != "suspect" && s != "dead" {
 					return false, "left sees right " + s
 				}
 				if s := stateOf(b.n, a.m.PeerID()); s != "suspect" && s != "dead" {
@@ -185,8 +187,27 @@ func TestNodesPartitionStrict(t *testing.T) {
 	}
 	close(hourStop)
 	hourAdmitted.Wait()
+	// The majority writes "hour" during the partition unless its members
+	// deny as stale or fenced all along: their batches went
+	// unacknowledged past staleAfter (470 ms here), or they stopped
+	// hearing each other for suspect_after (500 ms). Under the race
+	// detector on a host with more busy loops than cores that is the host
+	// starving five meshed members in one process, and the strict policy
+	// refusing to decide blind is the product working: the test goes on to
+	// check every window's bound, and then skips. Any other reason fails.
+	starved := ""
 	if tot := hourTl.total(); tot == 0 {
-		t.Fatal("nothing written during the partition")
+		den := hourTl.denials()
+		blind := den["stale"] + den["fenced"]
+		var all uint64
+		for _, n := range den {
+			all += n
+		}
+		if all == 0 || blind != all {
+			t.Fatalf("nothing written during the partition; denials by reason %v", den)
+		}
+		starved = fmt.Sprintf("the majority wrote nothing during the partition: all %d of its decisions on \"hour\" were denied as stale or fenced (%v), its members starved of CPU", all, den)
+		t.Log(starved)
 	}
 	block(true)
 	healed := clock()
@@ -232,5 +253,8 @@ func TestNodesPartitionStrict(t *testing.T) {
 		if float64(adm[i]) > 1.02*limit {
 			t.Errorf("window %d (%s): admitted %d, over 1.02 × the limit %d", w, phase, adm[i], limit)
 		}
+	}
+	if starved != "" && !t.Failed() {
+		t.Skip("every window held; " + starved)
 	}
 }
