@@ -207,8 +207,10 @@ func (r *RuleSet) Ensure(key string) *Series {
 	s := &Series{Key: key, rule: r}
 	r.keys[key] = s
 	// A new series may get no window (a lease counter never raised), and
-	// Collect deletes such a one: it looks at every new series once.
-	r.c.expiry.pushNext(s)
+	// Collect deletes such a one: it looks at every new series that has
+	// no window by then.
+	r.c.expiry.pushNew(s)
+	r.c.made++
 	return s
 }
 
@@ -231,6 +233,7 @@ type Container struct {
 	dirtyWin    []*Window
 	dirtyLeases []*Series
 	expiry      expiryQueue
+	made        uint64 // series made, ever
 }
 
 // NewContainer returns an empty container.
@@ -247,6 +250,10 @@ func (c *Container) Rule(name string) *RuleSet {
 	c.rules[name] = r
 	return r
 }
+
+// Made returns how many series the container has made (RuleSet.Ensure of
+// a key it did not hold), ever.
+func (c *Container) Made() uint64 { return c.made }
 
 // Lookup returns the rule set called name, or nil.
 func (c *Container) Lookup(name string) *RuleSet { return c.rules[name] }

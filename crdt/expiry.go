@@ -13,9 +13,13 @@ const (
 	// entries of it in later buckets are stale and skipped.
 	inBucket
 	// inNext: the series is looked at by the next Collect whatever the
-	// time: it is new (it may have no window at all), or a dirty mark
-	// kept an expired window or an empty series last time.
+	// time: a dirty mark kept an expired window of it, or kept it with
+	// nothing left, last time.
 	inNext
+	// isNew: the series is new and has no window yet: the next Collect
+	// looks at it (and deletes it if it still has none and no lease
+	// counts), unless a window queues it first.
+	isNew
 	// gone: Collect deleted the series from its rule.
 	gone
 )
@@ -35,10 +39,12 @@ const (
 type expiryQueue struct {
 	times   []int64             // min-heap of the times of non-empty buckets
 	buckets map[int64][]*Series // by time; each in push order
-	next    []*Series           // series for the next Collect, in push order
-	later   []*Series           // series a mark kept, for the Collect after this one
+	fresh   []*Series           // new series, for the next Collect
+	again   []*Series           // series a mark kept, for this round
+	later   []*Series           // series a mark kept, for the next round
 	behind  bool                // the last CollectSome left some due
-	looked  uint64              // entries taken from the queue, stale or not (for tests)
+	looked  uint64              // series looked at, for tests
+	skipped uint64              // stale entries skipped, for tests
 }
 
 // push queues s in the bucket of time at.
@@ -54,14 +60,15 @@ func (q *expiryQueue) push(s *Series, at int64) {
 	q.buckets[at] = append(b, s)
 }
 
-// pushNext queues the new series s for the next Collect.
-func (q *expiryQueue) pushNext(s *Series) {
-	s.where = inNext
-	q.next = append(q.next, s)
+// pushNew queues the new series s for the next Collect.
+func (q *expiryQueue) pushNew(s *Series) {
+	s.where = isNew
+	q.fresh = append(q.fresh, s)
 }
 
-// pushLater queues s, which a mark kept, for the next Collect that is not
-// one finishing what a bounded one left: calls at the same time must end.
+// pushLater queues s, which a mark kept, for the next round: the next
+// Collect that is not one finishing what a bounded one left (so that calls
+// at one time end).
 func (q *expiryQueue) pushLater(s *Series) {
 	s.where = inNext
 	q.later = append(q.later, s)
@@ -107,11 +114,31 @@ func (q *expiryQueue) heapPop() {
 	q.times = h
 }
 
+// staleCost is how many stale entries a bounded Collect skips for one
+// series it may look at: skipping one reads a word of the series, where
+// looking at it walks its windows and may delete it from a map. A series
+// leaves a stale entry when a window moves it to an earlier bucket, and a
+// new one when it gets its first window after another series was made,
+// so skipping them must not hold back the collection of the keys that did
+// expire.
+const staleCost = 16
+
 // queueWindow makes sure the new window w of s is found by Collect when it
 // becomes collectable.
 func (c *Container) queueWindow(s *Series, w *Window) {
 	at := w.CollectAt()
 	switch s.where {
+	case isNew:
+		// With a window the series need not be looked at before the
+		// window expires. Its entry for the next Collect turns stale; it
+		// is mostly the last one (a key is made to hold a window at
+		// once), and then goes, so a burst of new keys leaves nothing to
+		// skip.
+		if q := &c.expiry; len(q.fresh) > 0 && q.fresh[len(q.fresh)-1] == s {
+			q.fresh[len(q.fresh)-1] = nil
+			q.fresh = q.fresh[:len(q.fresh)-1]
+		}
+		c.expiry.push(s, at)
 	case notQueued:
 		c.expiry.push(s, at)
 	case inBucket:
@@ -151,54 +178,78 @@ func (c *Container) Collect(nowMs int64) int {
 func (c *Container) CollectSome(nowMs int64, most int) (dropped int, more bool) {
 	q := &c.expiry
 	if !q.behind {
-		q.next = append(q.next, q.later...)
+		// A new round: the series kept last round are looked at again.
+		q.again = append(q.again, q.later...)
 		clear(q.later)
 		q.later = q.later[:0]
 	}
-	dropped, q.behind = c.collectSome(nowMs, most)
-	return dropped, q.behind
-}
-
-func (c *Container) collectSome(nowMs int64, most int) (dropped int, more bool) {
-	q := &c.expiry
-	left := most
-	next := q.next
-	q.next = nil
-	i := 0
-	for ; i < len(next) && left != 0; i++ {
-		s := next[i]
-		next[i] = nil
-		left--
-		q.looked++
-		if s.where == inNext {
-			dropped += c.collectSeries(s, nowMs)
-		}
+	left := math.MaxInt
+	if most >= 0 {
+		left = most * staleCost
 	}
-	if i < len(next) {
-		q.next = append(next[i:], q.next...)
-		return dropped, true
-	}
-	for left != 0 && q.due(nowMs) {
+	var n int
+	n, q.again = c.collectList(q.again, inNext, nowMs, &left)
+	dropped += n
+	n, q.fresh = c.collectList(q.fresh, isNew, nowMs, &left)
+	dropped += n
+	for left > 0 && q.due(nowMs) {
 		at := q.times[0]
 		b := q.buckets[at]
 		j := 0
-		for ; j < len(b) && left != 0; j++ {
+		for ; j < len(b) && left > 0; j++ {
 			s := b[j]
 			b[j] = nil
-			left--
-			q.looked++
 			if s.where == inBucket && s.due == at {
+				left -= q.spend(true)
 				dropped += c.collectSeries(s, nowMs)
+			} else {
+				left -= q.spend(false)
 			}
 		}
 		if j < len(b) {
 			q.buckets[at] = b[j:]
-			return dropped, true
+			break
 		}
 		delete(q.buckets, at)
 		q.heapPop()
 	}
-	return dropped, q.due(nowMs)
+	q.behind = len(q.again) > 0 || len(q.fresh) > 0 || q.due(nowMs)
+	return dropped, q.behind
+}
+
+// collectList looks at the series of list still waiting there (where),
+// while left lasts, and returns the windows dropped and what is left of
+// the list.
+func (c *Container) collectList(list []*Series, where uint8, nowMs int64, left *int) (int, []*Series) {
+	dropped, i := 0, 0
+	for ; i < len(list) && *left > 0; i++ {
+		s := list[i]
+		list[i] = nil
+		if s.where == where {
+			*left -= c.expiry.spend(true)
+			dropped += c.collectSeries(s, nowMs)
+		} else {
+			*left -= c.expiry.spend(false)
+		}
+	}
+	switch {
+	case i < len(list):
+		return dropped, list[i:]
+	case cap(list) > 1024:
+		return dropped, nil // a burst of new keys is over: free its array
+	}
+	return dropped, list[:0]
+}
+
+// spend counts an entry taken from the queue and returns its cost to a
+// bounded Collect's budget.
+func (q *expiryQueue) spend(live bool) int {
+	if live {
+		q.looked++
+		return staleCost
+	}
+	q.skipped++
+	return 1
 }
 
 // collectSeries drops s's windows expired at nowMs and not dirty, deletes

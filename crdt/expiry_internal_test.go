@@ -126,10 +126,11 @@ func TestCollectMatchesWalk(t *testing.T) {
 						t.Fatalf("step %d: CollectSome still has more after %d calls", step, calls)
 					}
 					most := 1 + r.IntN(8)
-					before := queued.expiry.looked
+					looked, skipped := queued.expiry.looked, queued.expiry.skipped
 					n, m := queued.CollectSome(nowMs, most)
-					if looked := queued.expiry.looked - before; looked > uint64(most) {
-						t.Fatalf("step %d: CollectSome(%d, %d) looked at %d series", step, nowMs, most, looked)
+					looked, skipped = queued.expiry.looked-looked, queued.expiry.skipped-skipped
+					if looked > uint64(most) || looked*staleCost+skipped > uint64(most*staleCost+staleCost-1) {
+						t.Fatalf("step %d: CollectSome(%d, %d) looked at %d series and skipped %d entries", step, nowMs, most, looked, skipped)
 					}
 					got, more = got+n, m
 				}
@@ -206,13 +207,13 @@ func TestCollectSomeDrains(t *testing.T) {
 	for i := range keys {
 		r.Ensure(fmt.Sprintf("k%05d", i)).EnsureWindow(1000, 0)
 	}
-	// The first call looks at the new keys and queues them; none expired.
-	for more := true; more; {
-		_, more = c.CollectSome(1000, most)
-	}
-	before := c.expiry.looked
-	if n, more := c.CollectSome(1999, most); n != 0 || more || c.expiry.looked != before {
-		t.Fatalf("CollectSome(1999) = %d, %v after looking at %d series; want 0, false, 0", n, more, c.expiry.looked-before)
+	// Each new key was queued by its window at once: until they expire
+	// there is nothing to look at and nothing stale to skip.
+	for _, now := range []int64{1000, 1999} {
+		if n, more := c.CollectSome(now, most); n != 0 || more || c.expiry.looked != 0 || c.expiry.skipped != 0 {
+			t.Fatalf("CollectSome(%d) = %d, %v after looking at %d series and skipping %d; want 0, false, 0, 0",
+				now, n, more, c.expiry.looked, c.expiry.skipped)
+		}
 	}
 	total, calls := 0, 0
 	for more := true; more; calls++ {
