@@ -166,15 +166,20 @@ func (c *Container) Collect(nowMs int64) int {
 }
 
 // CollectSome does what Collect does, but looks at no more than most
-// series (any number if most < 0), earliest due first, and reports
-// whether some due at nowMs are left for the next call. A call that
-// leaves none has done exactly what Collect(nowMs) would have; calls that
-// do leave some reach the rest, in the same order, on the next calls.
+// series (any number if most < 0; a stale entry skipped counts 1/16 of
+// one), earliest due first, and reports whether some due at nowMs are
+// left. Calls that leave some are a round with the next calls, up to one
+// that leaves none: the round does what one Collect at that call's time
+// would have (but for marks taken during the round: a series a dirty mark
+// kept is looked at again in the next round, not in this one, so that a
+// round at one time ends), reaching the series in the same order in every
+// run that does the same things.
 //
-// The series it looks at are those new or kept by a dirty mark since the
-// last call, and those that have a window whose CollectAt is at or
-// before nowMs. Every other series has no expired window and at least
-// one window, so Collect would change nothing in it.
+// The series it looks at are those made or kept by a dirty mark since the
+// last round that have no window queued, and those that have a window
+// whose CollectAt is at or before nowMs. Every other series has no
+// expired window and at least one window, so Collect would change nothing
+// in it.
 func (c *Container) CollectSome(nowMs int64, most int) (dropped int, more bool) {
 	q := &c.expiry
 	if !q.behind {
