@@ -9,7 +9,7 @@ import (
 )
 
 // TestTickCollectsInSlices checks that a Tick collects at most
-// collectBudget keys plus those made since the last collection, and that
+// collectBudget keys plus those made since the last Tick, and that
 // the Ticks after it, every SyncInterval, collect the rest: 2.5 budgets'
 // worth of keys expiring at once go in three Ticks, all counted.
 func TestTickCollectsInSlices(t *testing.T) {
