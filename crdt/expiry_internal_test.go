@@ -1,0 +1,260 @@
+package crdt
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+// walkCollect is the reference for Collect: the walk over every key of
+// every rule that Collect did before it had a queue.
+func walkCollect(c *Container, nowMs int64) int {
+	dropped := 0
+	for _, r := range c.rules {
+		for key, s := range r.keys {
+			kept := s.Windows[:0]
+			for _, w := range s.Windows {
+				if w.Expired(nowMs) && !w.dirty {
+					dropped++
+					continue
+				}
+				kept = append(kept, w)
+			}
+			for i := len(kept); i < len(s.Windows); i++ {
+				s.Windows[i] = nil
+			}
+			s.Windows = kept
+			s.last = nil
+			if len(s.Windows) == 0 && s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0 && !s.leasesDirty {
+				delete(r.keys, key)
+			}
+		}
+	}
+	return dropped
+}
+
+// dump describes everything Collect may change in c, sorted: each key of
+// each rule and its windows with their values and marks.
+func dump(c *Container) string {
+	var lines []string
+	for name, r := range c.rules {
+		for key, s := range r.keys {
+			var b strings.Builder
+			fmt.Fprintf(&b, "%s/%s leases %d/%d dirty %v:", name, key, s.Leases.P.Value(), s.Leases.N.Value(), s.leasesDirty)
+			for _, w := range s.Windows {
+				fmt.Fprintf(&b, " %d/%d=%d,%v", w.WindowMs, w.Index, w.Admitted.Value(), w.dirty)
+			}
+			lines = append(lines, b.String())
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// expiryOp is one step of TestCollectMatchesWalk, applied alike to the
+// container that collects by queue and to the one the reference walks.
+type expiryOp func(c *Container)
+
+// randomOp draws a step at mesh time nowMs: a key touched in a current,
+// old or future window (a decision, a merge of a late or early peer, a
+// restore), a key made without a window, a lease counted or marked, a
+// window marked dirty, or the marks taken.
+func randomOp(r *rand.Rand, nowMs int64) expiryOp {
+	rule := []string{"a", "b"}[r.IntN(2)]
+	key := fmt.Sprintf("k%d", r.IntN(40))
+	ms := []int64{10, 100, 250}[r.IntN(3)]
+	idx := nowMs/ms + int64(r.IntN(7)) - 4 // two windows ahead to four behind
+	switch n := r.IntN(20); {
+	case n < 10:
+		v, slot := uint64(r.IntN(3)), SlotID(r.IntN(3))
+		dirty := r.IntN(3) == 0
+		return func(c *Container) {
+			w := c.Rule(rule).Ensure(key).EnsureWindow(ms, idx)
+			w.Admitted.Raise(slot, v)
+			if dirty {
+				c.MarkDirty(w)
+			}
+		}
+	case n < 12:
+		return func(c *Container) { c.Rule(rule).Ensure(key) }
+	case n < 13:
+		return func(c *Container) { c.Rule(rule).Ensure(key).Leases.Raise(1, 1, 0) }
+	case n < 14:
+		return func(c *Container) { c.MarkLeasesDirty(c.Rule(rule).Ensure(key)) }
+	case n < 16:
+		return func(c *Container) {
+			if s := c.Rule(rule).Series(key); s != nil && len(s.Windows) > 0 {
+				c.MarkDirty(s.Windows[len(s.Windows)-1])
+			}
+		}
+	default:
+		return func(c *Container) { c.TakeDirty() }
+	}
+}
+
+// TestCollectMatchesWalk runs random sequences of inserts, merges, marks
+// and collections at advancing (now and then retreating) mesh time on two
+// containers: one collects with the queue, in slices of a random budget
+// until none is left (or an unbounded Collect finishes them), the other
+// with the reference walk. After every
+// collection both must hold exactly the same keys and windows and have
+// dropped as many windows, and no slice may look at more series than its
+// budget.
+func TestCollectMatchesWalk(t *testing.T) {
+	for seed := uint64(1); seed <= 200; seed++ {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 0xe291))
+			queued, walked := NewContainer(), NewContainer()
+			nowMs := int64(r.IntN(1000))
+			for step := range 400 {
+				for range r.IntN(12) {
+					op := randomOp(r, nowMs)
+					op(queued)
+					op(walked)
+				}
+				if r.IntN(10) == 0 {
+					nowMs -= int64(r.IntN(30)) // mesh time may step back a little
+				} else {
+					nowMs += int64(r.IntN(120))
+				}
+				want := walkCollect(walked, nowMs)
+				got, calls := 0, 0
+				for more := true; more; calls++ {
+					if calls > 1000 {
+						t.Fatalf("step %d: CollectSome still has more after %d calls", step, calls)
+					}
+					most := 1 + r.IntN(8)
+					looked, skipped := queued.expiry.looked, queued.expiry.skipped
+					n, m := queued.CollectSome(nowMs, most)
+					looked, skipped = queued.expiry.looked-looked, queued.expiry.skipped-skipped
+					if looked > uint64(most) || looked*staleCost+skipped > uint64(most*staleCost+staleCost-1) {
+						t.Fatalf("step %d: CollectSome(%d, %d) looked at %d series and skipped %d entries", step, nowMs, most, looked, skipped)
+					}
+					got, more = got+n, m
+					if more && r.IntN(4) == 0 {
+						// An unbounded Collect finishes what a bounded one left.
+						got, more = got+queued.Collect(nowMs), false
+					}
+				}
+				if got != want {
+					t.Fatalf("step %d, now %d: queue dropped %d windows, walk %d", step, nowMs, got, want)
+				}
+				if g, w := dump(queued), dump(walked); g != w {
+					t.Fatalf("step %d, now %d: queue holds\n%s\nwalk holds\n%s", step, nowMs, g, w)
+				}
+			}
+		})
+	}
+}
+
+// TestCollectKeepsMarkedAndLeased checks the keys Collect must keep: a
+// key whose expired window is marked dirty (until its mark is taken), one
+// whose lease counter is marked, and one whose lease counter holds a
+// value (for good), while the unmarked keys beside them go.
+func TestCollectKeepsMarkedAndLeased(t *testing.T) {
+	c := NewContainer()
+	r := c.Rule("r")
+	for i := range 100 {
+		r.Ensure(fmt.Sprintf("plain%d", i)).EnsureWindow(1000, 0)
+	}
+	dirty := r.Ensure("dirty")
+	c.MarkDirty(dirty.EnsureWindow(1000, 0))
+	marked := r.Ensure("marked")
+	c.MarkLeasesDirty(marked)
+	leased := r.Ensure("leased")
+	leased.Leases.Raise(3, 1, 1)
+	leased.EnsureWindow(1000, 0)
+
+	if got := c.Collect(5000); got != 101 {
+		t.Fatalf("Collect(5000) = %d, want 101 (every window but the dirty one)", got)
+	}
+	if got, want := keysOf(r), []string{"dirty", "leased", "marked"}; !slices.Equal(got, want) {
+		t.Fatalf("keys after Collect = %v, want %v", got, want)
+	}
+	// Nothing is due: the next Collect looks only at the two marked keys.
+	before := c.expiry.looked
+	if got := c.Collect(5000); got != 0 {
+		t.Fatalf("second Collect(5000) = %d, want 0", got)
+	}
+	if looked := c.expiry.looked - before; looked != 2 {
+		t.Errorf("second Collect looked at %d series, want 2 (the marked ones)", looked)
+	}
+	c.TakeDirty()
+	if got := c.Collect(5000); got != 1 {
+		t.Fatalf("Collect after TakeDirty = %d, want 1", got)
+	}
+	if got, want := keysOf(r), []string{"leased"}; !slices.Equal(got, want) {
+		t.Fatalf("keys after TakeDirty and Collect = %v, want %v", got, want)
+	}
+	// The leased key, with no window left, is in no queue; a new window
+	// queues it again and is collected in its turn.
+	leased.EnsureWindow(1000, 10)
+	before = c.expiry.looked
+	if got := c.Collect(11_999); got != 0 || c.expiry.looked != before {
+		t.Fatalf("Collect(11999) = %d looking at %d series, want 0 and 0", got, c.expiry.looked-before)
+	}
+	if got := c.Collect(12_000); got != 1 || r.Series("leased") != leased {
+		t.Fatalf("Collect(12000) = %d, leased kept %v; want 1, true", got, r.Series("leased") == leased)
+	}
+}
+
+// TestCollectSomeDrains checks that a bounded Collect looks at no more
+// series than its budget, that the series due are spread over calls in
+// the order they were queued, and that the calls together leave exactly
+// what one unbounded Collect would.
+func TestCollectSomeDrains(t *testing.T) {
+	const keys, most = 10_000, 1000
+	c := NewContainer()
+	r := c.Rule("r")
+	for i := range keys {
+		r.Ensure(fmt.Sprintf("k%05d", i)).EnsureWindow(1000, 0)
+	}
+	// Each new key was queued by its window at once: until they expire
+	// there is nothing to look at and nothing stale to skip.
+	for _, now := range []int64{1000, 1999} {
+		if n, more := c.CollectSome(now, most); n != 0 || more || c.expiry.looked != 0 || c.expiry.skipped != 0 {
+			t.Fatalf("CollectSome(%d) = %d, %v after looking at %d series and skipping %d; want 0, false, 0, 0",
+				now, n, more, c.expiry.looked, c.expiry.skipped)
+		}
+	}
+	total, calls := 0, 0
+	for more := true; more; calls++ {
+		before := c.expiry.looked
+		var n int
+		n, more = c.CollectSome(2000, most)
+		if looked := c.expiry.looked - before; looked > most {
+			t.Fatalf("call %d looked at %d series, want at most %d", calls, looked, most)
+		}
+		if more && n != most {
+			t.Fatalf("call %d dropped %d windows and has more, want %d", calls, n, most)
+		}
+		// The earliest queued go first: k00000.. in the first call.
+		if first := fmt.Sprintf("k%05d", calls*most); more && r.Series(first) != nil {
+			t.Fatalf("after call %d %s is kept", calls, first)
+		}
+		total += n
+	}
+	if total != keys || calls != keys/most || r.Len() != 0 {
+		t.Fatalf("dropped %d windows in %d calls, %d keys left; want %d, %d, 0", total, calls, r.Len(), keys, keys/most)
+	}
+}
+
+// TestSeriesLayout pins what Series's comment relies on: the queue's
+// fields fit the 208-byte size class the series had without them.
+func TestSeriesLayout(t *testing.T) {
+	if got := unsafe.Sizeof(Series{}); got > 208 {
+		t.Errorf("Series is %d bytes, want at most 208", got)
+	}
+}
+
+func keysOf(r *RuleSet) []string {
+	var keys []string
+	for k := range r.keys {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
