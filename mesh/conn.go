@@ -91,6 +91,10 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 			st.announced = false // an attached Mesh keeps the connection
 			m.unprotect(p, st)
 		}
+	case evUnblocked:
+		if st != nil && (st.speaks || slices.Contains(ev.protos, m.syncProto)) {
+			return p, m.announce(p, st, []protocol.ID{m.syncProto})
+		}
 	case evDown:
 		if st == nil {
 			return "", false
@@ -112,7 +116,11 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 // An announced member's connections are protected from the connection
 // manager.
 func (m *Mesh) announce(p peer.ID, st *peerState, protos []protocol.ID) bool {
-	if st.announced || !slices.Contains(protos, m.syncProto) || !m.gater.admits(p) {
+	if !slices.Contains(protos, m.syncProto) {
+		return false
+	}
+	st.speaks = true
+	if st.announced || !m.gater.admits(p) {
 		return false
 	}
 	st.announced = true
@@ -372,10 +380,11 @@ func (m *Mesh) Unblock(peerID string) error {
 	m.gater.unblock(p)
 	if !m.owned && m.h.Network().Connectedness(p) == network.Connected {
 		// The connection stayed up: announce the peer again, so the
-		// runtime runs anti-entropy on heal.
-		if ok, _ := m.h.Peerstore().SupportsProtocols(p, m.syncProto); len(ok) > 0 {
-			m.push(connEvent{kind: evProtocols, p: p, protos: ok})
-		}
+		// runtime runs anti-entropy on heal. The event loop knows whether
+		// it speaks our protocol (peerState.speaks); the peerstore is a
+		// second source.
+		ok, _ := m.h.Peerstore().SupportsProtocols(p, m.syncProto)
+		m.push(connEvent{kind: evUnblocked, p: p, protos: ok})
 		return nil
 	}
 	addrs := m.h.Peerstore().Addrs(p)

@@ -109,12 +109,13 @@ const (
 	evIdentified               // identify completed on a connection
 	evProtocols                // a peer announced new protocols
 	evBlocked                  // Block on an attached Mesh: the connection stays
+	evUnblocked                // Unblock on an attached Mesh whose connection stayed
 )
 
 type connEvent struct {
 	kind   evKind
 	c      network.Conn // evUp, evDown, evIdentified
-	p      peer.ID      // evProtocols
+	p      peer.ID      // evProtocols, evBlocked, evUnblocked
 	protos []protocol.ID
 }
 
@@ -123,6 +124,11 @@ type peerState struct {
 	conns     map[network.Conn]struct{}
 	announced bool // PeerConnected fired for this spell of connectivity
 	protected bool // its connections carry our connection manager tag
+	// speaks: identify showed the peer speaks our sync protocol in this
+	// spell. Unblock re-announces from it, not from the peerstore, which
+	// can lose a connected peer's protocols (seen under load on a
+	// service's host between Block and Unblock).
+	speaks bool
 }
 
 // redial wakes the redial loop of one bootstrap peer.
