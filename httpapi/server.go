@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -216,12 +215,19 @@ func clean(p string) bool {
 	if p == "" || p[0] != '/' {
 		return false
 	}
-	for _, e := range strings.Split(strings.TrimSuffix(p[1:], "/"), "/") {
-		if e == "" || e == "." || e == ".." {
-			return p == "/"
-		}
+	if p == "/" {
+		return true
 	}
-	return true
+	for rest := strings.TrimSuffix(p[1:], "/"); ; {
+		e, after, more := strings.Cut(rest, "/")
+		if e == "" || e == "." || e == ".." {
+			return false
+		}
+		if !more {
+			return true
+		}
+		rest = after
+	}
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {
@@ -230,12 +236,6 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 
 // methodNotAllowed answers 405 naming want, the endpoint's method (GET
 // admits HEAD too).
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 func methodNotAllowed(want string) http.HandlerFunc {
 	allow := want
 	if want == http.MethodGet {
@@ -425,10 +425,13 @@ func callerDeadline(r *http.Request, arrived time.Time, body uint64, hasBody boo
 			wait, ok = w, true
 		}
 	}
-	if ms, perr := strconv.ParseUint(strings.TrimSpace(r.Header.Get(envoyTimeoutHeader)), 10, 64); perr == nil && ms > 0 {
-		w := time.Duration(min(ms, uint64(maxHeaderWait/time.Millisecond))) * time.Millisecond
-		if !ok || w < wait {
-			wait, ok = w, true
+	// Most requests come without it, and parsing "" would allocate its error.
+	if v := r.Header.Get(envoyTimeoutHeader); v != "" {
+		if ms, perr := strconv.ParseUint(strings.TrimSpace(v), 10, 64); perr == nil && ms > 0 {
+			w := time.Duration(min(ms, uint64(maxHeaderWait/time.Millisecond))) * time.Millisecond
+			if !ok || w < wait {
+				wait, ok = w, true
+			}
 		}
 	}
 	if !ok {
@@ -504,7 +507,7 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.decided(c.rule, d)
-	writeJSON(w, http.StatusOK, toResponse(d))
+	writeAllow(w, toResponse(d))
 	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
 }
 
@@ -566,7 +569,7 @@ func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, arrived time.T
 		s.metrics.decided(rules[i], d)
 		resp.Results[i] = toResponse(d)
 	}
-	writeJSON(w, http.StatusOK, resp)
+	writeAllowAll(w, resp)
 	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
 }
 
