@@ -14,13 +14,13 @@ import (
 )
 
 // A request body is decoded in two passes over its bytes, with no
-// map[string]any between them: json.Valid checks the syntax, then scan
-// notes where each field's value lies (body.fields), and fieldReader
-// turns the values into the request's types, naming the field at fault.
-// A body that is not valid JSON, or that is over MaxBodyBytes, is read
-// again by readObjectError, which runs it through encoding/json's
-// Decoder as the API always has, so that its error names the same
-// character of the same line; errors are the slow path.
+// map[string]any between them: json.Valid checks the syntax, then a
+// scanner notes where each known field's value lies (object), and
+// fieldReader turns the values into the request's types, naming the
+// field at fault. A body that is not valid JSON, over MaxBodyBytes or
+// cut short by a read error is read again by readObjectError, which runs
+// it through encoding/json's Decoder as the API always has, so that its
+// error is the same text; errors are the slow path.
 
 // field indexes body.fields; fieldNames is in sorted order, so that the
 // first unknown field reported is the least by name.
@@ -124,21 +124,12 @@ func readBody(w http.ResponseWriter, r *http.Request) (*body, error) {
 	b.buf.Reset()
 	lim := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
 	_, err := b.buf.ReadFrom(lim)
-	over := false
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		over = errors.As(err, &tooBig)
-	}
-	if err != nil && !over {
-		b.release()
-		return nil, bad("body: %v", err)
-	}
-	data := b.buf.Bytes()
-	if over || !json.Valid(data) {
-		err := readObjectError(data, over)
+	if data := b.buf.Bytes(); err != nil || !json.Valid(data) {
+		err := readObjectError(data, err)
 		b.release()
 		return nil, err
 	}
+	data := b.buf.Bytes()
 	b.scan(data)
 	if b.kind != kindObject {
 		k := b.kind
@@ -158,18 +149,20 @@ func (b *body) release() {
 	bodies.Put(b)
 }
 
-// errTooBig is what the body's reader returned past MaxBodyBytes.
-type errTooBig struct{}
+// errReader returns err, what the body's reader returned after the
+// bytes it gave.
+type errReader struct{ err error }
 
-func (errTooBig) Read([]byte) (int, error) { return 0, &http.MaxBytesError{Limit: MaxBodyBytes} }
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
-// readObjectError returns the error encoding/json's Decoder finds in data
-// (the first MaxBodyBytes of the body; over when there was more), read as
-// the API has always read a body: one value, then nothing but space.
-func readObjectError(data []byte, over bool) error {
+// readObjectError returns the error encoding/json's Decoder finds in
+// data, the bytes read of the body before readErr (a *MaxBytesError past
+// MaxBodyBytes; nil at the end), read as the API has always read a body:
+// one value, then nothing but space.
+func readObjectError(data []byte, readErr error) error {
 	var r io.Reader = bytes.NewReader(data)
-	if over {
-		r = io.MultiReader(r, errTooBig{})
+	if readErr != nil {
+		r = io.MultiReader(r, errReader{readErr})
 	}
 	dec := json.NewDecoder(r)
 	dec.UseNumber()
@@ -190,8 +183,9 @@ func readObjectError(data []byte, over bool) error {
 		}
 		return bad("body: data after the JSON object")
 	}
-	// Valid JSON within the limit is not read here.
-	return bad("body: over %d bytes", MaxBodyBytes)
+	// Not reached: readBody sends here only a body that is not valid
+	// JSON, or one whose reading failed, which Token reports.
+	return bad("body: malformed JSON")
 }
 
 // scan notes the fields of data, which json.Valid accepted: the top

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http/httptest"
 	"sort"
 	"strings"
@@ -152,4 +153,33 @@ func equalRequests(a, b AllowRequest) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return string(x) == string(y)
+}
+
+// failing is a body whose reading fails after its bytes.
+type failing struct{ r *bytes.Reader }
+
+func (f failing) Read(p []byte) (int, error) {
+	if f.r.Len() == 0 {
+		return 0, errors.New("connection reset")
+	}
+	return f.r.Read(p)
+}
+
+// TestReadBodyError: a body cut short by a read error is answered as
+// encoding/json's Decoder met it: the error inside a value, data after
+// one that is whole.
+func TestReadBodyError(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"rule":"a"`:             "body: malformed JSON: connection reset",
+		``:                        "body: malformed JSON: connection reset",
+		`{"rule":"a","key":"k"}`:  "body: data after the JSON object",
+		`{"rule":"a","key":"k"} `: "body: data after the JSON object",
+		`{"rule":"a",,`:           "body: malformed JSON: invalid character ',' looking for beginning of object key string",
+	} {
+		r := httptest.NewRequest("POST", "/v1/allow", failing{bytes.NewReader([]byte(body))})
+		_, err := readBody(httptest.NewRecorder(), r)
+		if err == nil || err.Error() != want {
+			t.Errorf("%q: %v, want %s", body, err, want)
+		}
+	}
 }
