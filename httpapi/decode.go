@@ -44,20 +44,12 @@ var fieldNames = [numFields]string{"checks", "class", "cost", "key", "lease_id",
 // fieldSet is a set of fields, one bit each: those an object may carry.
 type fieldSet uint16
 
-func fieldsOf(fs ...field) fieldSet {
-	var s fieldSet
-	for _, f := range fs {
-		s |= 1 << f
-	}
-	return s
-}
-
-var (
-	checkFields   = fieldsOf(fRule, fKey, fCost, fType, fUnits, fClass)
-	singleFields  = checkFields | fieldsOf(fMaxWait)
-	multiFields   = fieldsOf(fChecks, fMaxWait)
-	acquireFields = fieldsOf(fRule, fKey, fClass, fMaxWait)
-	leaseFields   = fieldsOf(fLeaseID)
+const (
+	checkFields   fieldSet = 1<<fRule | 1<<fKey | 1<<fCost | 1<<fType | 1<<fUnits | 1<<fClass
+	singleFields           = checkFields | 1<<fMaxWait
+	multiFields   fieldSet = 1<<fChecks | 1<<fMaxWait
+	acquireFields fieldSet = 1<<fRule | 1<<fKey | 1<<fClass | 1<<fMaxWait
+	leaseFields   fieldSet = 1 << fLeaseID
 )
 
 // kind is a JSON value's kind.
@@ -124,12 +116,12 @@ func readBody(w http.ResponseWriter, r *http.Request) (*body, error) {
 	b.buf.Reset()
 	lim := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
 	_, err := b.buf.ReadFrom(lim)
-	if data := b.buf.Bytes(); err != nil || !json.Valid(data) {
+	data := b.buf.Bytes()
+	if err != nil || !json.Valid(data) {
 		err := readObjectError(data, err)
 		b.release()
 		return nil, err
 	}
-	data := b.buf.Bytes()
 	b.scan(data)
 	if b.kind != kindObject {
 		k := b.kind
