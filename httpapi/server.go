@@ -2,14 +2,11 @@ package httpapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -218,12 +215,19 @@ func clean(p string) bool {
 	if p == "" || p[0] != '/' {
 		return false
 	}
-	for _, e := range strings.Split(strings.TrimSuffix(p[1:], "/"), "/") {
-		if e == "" || e == "." || e == ".." {
-			return p == "/"
-		}
+	if p == "/" {
+		return true
 	}
-	return true
+	for rest := strings.TrimSuffix(p[1:], "/"); ; {
+		e, after, more := strings.Cut(rest, "/")
+		if e == "" || e == "." || e == ".." {
+			return false
+		}
+		if !more {
+			return true
+		}
+		rest = after
+	}
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {
@@ -241,12 +245,6 @@ func methodNotAllowed(want string) http.HandlerFunc {
 		w.Header().Set("Allow", allow)
 		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed; use %s", r.Method, want))
 	}
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
@@ -335,204 +333,56 @@ func requestError(err error) (field, msg string, ok bool) {
 	return field, msg, true
 }
 
-// readObject reads r's body as one JSON object, numbers kept as
-// json.Number.
-func readObject(w http.ResponseWriter, r *http.Request) (map[string]any, error) {
-	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-	dec := json.NewDecoder(body)
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		var tooBig *http.MaxBytesError
-		switch {
-		case errors.As(err, &tooBig):
-			return nil, bad("body: over %d bytes", MaxBodyBytes)
-		case errors.Is(err, io.EOF):
-			return nil, bad("body: empty; send a JSON object")
-		}
-		return nil, bad("body: malformed JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, bad("body: over %d bytes", MaxBodyBytes)
-		}
-		return nil, bad("body: data after the JSON object")
-	}
-	obj, ok := v.(map[string]any)
-	if !ok {
-		return nil, bad("body: must be a JSON object, got %s", jsonKind(v))
-	}
-	return obj, nil
-}
-
-func jsonKind(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
-	case bool:
-		return "a boolean"
-	case json.Number:
-		return "a number"
-	case string:
-		return "a string"
-	case []any:
-		return "an array"
-	case map[string]any:
-		return "an object"
-	}
-	return "a value"
-}
-
-// fieldReader takes typed fields out of a decoded object; the first
-// problem is kept, naming the field with prefix.
-type fieldReader struct {
-	obj    map[string]any
-	prefix string
-	used   map[string]bool
-	err    error
-}
-
-func newFields(obj map[string]any, prefix string) *fieldReader {
-	return &fieldReader{obj: obj, prefix: prefix, used: make(map[string]bool, len(obj))}
-}
-
-func (f *fieldReader) name(field string) string {
-	if f.prefix == "" {
-		return field
-	}
-	return f.prefix + "." + field
-}
-
-func (f *fieldReader) fail(field, format string, args ...any) {
-	if f.err == nil {
-		f.err = bad("%s: %s", f.name(field), fmt.Sprintf(format, args...))
-	}
-}
-
-// get returns the field's value, marking it used.
-func (f *fieldReader) get(field string) (any, bool) {
-	f.used[field] = true
-	v, ok := f.obj[field]
-	if ok && v == nil {
-		return nil, false // null is absent
-	}
-	return v, ok
-}
-
-// str returns a string field; required ones must be non-empty.
-func (f *fieldReader) str(field string, required bool) string {
-	v, ok := f.get(field)
-	if !ok {
-		if required {
-			f.fail(field, "missing")
-		}
-		return ""
-	}
-	s, isStr := v.(string)
-	if !isStr {
-		f.fail(field, "must be a string, got %s", jsonKind(v))
-		return ""
-	}
-	if required && s == "" {
-		f.fail(field, "must not be empty")
-	}
-	return s
-}
-
-// uint returns a whole-number field within [0, maxV]; present reports
-// whether it was given.
-func (f *fieldReader) uint(field string, maxV uint64) (n uint64, present bool) {
-	v, ok := f.get(field)
-	if !ok {
-		return 0, false
-	}
-	num, isNum := v.(json.Number)
-	if !isNum {
-		f.fail(field, "must be a whole number, got %s", jsonKind(v))
-		return 0, true
-	}
-	s := string(num)
-	if u, err := strconv.ParseUint(s, 10, 64); err == nil {
-		if u > maxV {
-			f.fail(field, "%s is over the maximum %d", s, maxV)
-		}
-		return u, true
-	}
-	fl, err := strconv.ParseFloat(s, 64)
-	switch {
-	case strings.HasPrefix(s, "-") && (err != nil || fl != 0):
-		f.fail(field, "must not be negative, got %s", s)
-	case err != nil || fl > float64(maxV):
-		f.fail(field, "%s is over the maximum %d", s, maxV)
-	case fl != float64(uint64(fl)):
-		f.fail(field, "must be a whole number, got %s", s)
-	default:
-		return uint64(fl), true
-	}
-	return 0, true
-}
-
-// done reports an unknown field, then the first problem.
-func (f *fieldReader) done() error {
-	if f.err != nil {
-		return f.err
-	}
-	keys := make([]string, 0, len(f.obj))
-	for k := range f.obj {
-		if !f.used[k] {
-			keys = append(keys, k)
-		}
-	}
-	if len(keys) > 0 {
-		sort.Strings(keys)
-		return bad("%s: unknown field", f.name(keys[0]))
-	}
-	return nil
-}
-
 // check is one decoded /v1/allow check.
 type check struct {
 	rule, key string
-	opts      []node.Option
+	opts      [3]node.Option // cost, type and class at most
+	nOpts     int
 }
+
+func (c *check) add(o node.Option) {
+	c.opts[c.nOpts] = o
+	c.nOpts++
+}
+
+// options returns the check's options.
+func (c *check) options() []node.Option { return c.opts[:c.nOpts] }
 
 // readCheck reads one check's fields from f (rule, key, cost, type, units,
 // class) and leaves other fields for the caller.
 func readCheck(f *fieldReader) check {
 	var c check
-	c.rule = f.str("rule", true)
-	c.key = f.str("key", true)
+	c.rule = f.str(fRule, true)
+	c.key = f.str(fKey, true)
 	if len(c.key) > MaxKeyBytes {
-		f.fail("key", "%d bytes, at most %d", len(c.key), MaxKeyBytes)
+		f.fail(fKey, "%d bytes, at most %d", len(c.key), MaxKeyBytes)
 	}
-	cost, hasCost := f.uint("cost", limiter.MaxCost)
-	typ := f.str("type", false)
-	units, hasUnits := f.uint("units", limiter.MaxCost)
-	class := f.str("class", false)
+	cost, hasCost := f.uint(fCost, limiter.MaxCost)
+	typ := f.str(fType, false)
+	units, hasUnits := f.uint(fUnits, limiter.MaxCost)
+	class := f.str(fClass, false)
 	if f.err != nil {
 		return c
 	}
-	_, typeGiven := f.obj["type"]
 	switch {
 	case hasCost && typ != "":
-		f.fail("type", "give either cost or type with units, not both")
+		f.fail(fType, "give either cost or type with units, not both")
 	case hasUnits && typ == "":
-		f.fail("units", "needs type")
-	case typeGiven && typ == "":
-		f.fail("type", "must not be empty")
+		f.fail(fUnits, "needs type")
+	case f.given(fType) && typ == "":
+		f.fail(fType, "must not be empty")
 	}
 	if hasCost {
-		c.opts = append(c.opts, node.Cost(cost))
+		c.add(node.Cost(cost))
 	}
 	if typ != "" {
 		if !hasUnits {
 			units = 1
 		}
-		c.opts = append(c.opts, node.Type(typ, units))
+		c.add(node.Type(typ, units))
 	}
 	if class != "" {
-		c.opts = append(c.opts, node.Class(class))
+		c.add(node.Class(class))
 	}
 	return c
 }
@@ -575,10 +425,13 @@ func callerDeadline(r *http.Request, arrived time.Time, body uint64, hasBody boo
 			wait, ok = w, true
 		}
 	}
-	if ms, perr := strconv.ParseUint(strings.TrimSpace(r.Header.Get(envoyTimeoutHeader)), 10, 64); perr == nil && ms > 0 {
-		w := time.Duration(min(ms, uint64(maxHeaderWait/time.Millisecond))) * time.Millisecond
-		if !ok || w < wait {
-			wait, ok = w, true
+	// Most requests come without it, and parsing "" would allocate its error.
+	if v := r.Header.Get(envoyTimeoutHeader); v != "" {
+		if ms, perr := strconv.ParseUint(strings.TrimSpace(v), 10, 64); perr == nil && ms > 0 {
+			w := time.Duration(min(ms, uint64(maxHeaderWait/time.Millisecond))) * time.Millisecond
+			if !ok || w < wait {
+				wait, ok = w, true
+			}
 		}
 	}
 	if !ok {
@@ -590,9 +443,9 @@ func callerDeadline(r *http.Request, arrived time.Time, body uint64, hasBody boo
 // maxWaitField reads the body's max_wait_ms of /v1/allow and /v1/acquire:
 // the caller's deadline, from 1 to MaxWait.
 func (s *Server) maxWaitField(f *fieldReader) (uint64, bool) {
-	ms, ok := f.uint("max_wait_ms", uint64(s.cfg.MaxWait/time.Millisecond))
+	ms, ok := f.uint(fMaxWait, uint64(s.cfg.MaxWait/time.Millisecond))
 	if ok && ms == 0 && f.err == nil {
-		f.fail("max_wait_ms", "must be at least 1: the milliseconds the caller waits for the answer (1 decides at once, without holding)")
+		f.fail(fMaxWait, "must be at least 1: the milliseconds the caller waits for the answer (1 decides at once, without holding)")
 	}
 	return ms, ok
 }
@@ -624,19 +477,20 @@ func toResponse(d node.Decision) AllowResponse {
 
 func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
-	obj, err := readObject(w, r)
+	b, err := readBody(w, r)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	if raw, multi := obj["checks"]; multi {
-		s.allowAll(w, r, arrived, obj, raw)
+	defer b.release()
+	if b.top.fields[fChecks].given {
+		s.allowAll(w, r, arrived, b)
 		return
 	}
-	f := newFields(obj, "")
+	f := newFields(&b.top, -1)
 	c := readCheck(f)
 	maxMs, hasMax := s.maxWaitField(f)
-	if err := f.done(); err != nil {
+	if err := f.done(singleFields); err != nil {
 		s.fail(w, err)
 		return
 	}
@@ -646,61 +500,57 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	d, err := s.cfg.Node.Allow(decideContext(r, dl, hasDL), c.rule, c.key, c.opts...)
+	d, err := s.cfg.Node.Allow(decideContext(r, dl, hasDL), c.rule, c.key, c.options()...)
 	s.metrics.latency.WithLabelValues("allow").Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
 	s.metrics.decided(c.rule, d)
-	writeJSON(w, http.StatusOK, toResponse(d))
+	writeAllow(w, toResponse(d))
 	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
 }
 
 // MaxChecks caps the checks of one all-or-nothing request.
 const MaxChecks = 64
 
-func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, arrived time.Time, obj map[string]any, raw any) {
-	for k := range obj {
-		if k != "checks" && k != "max_wait_ms" {
-			s.fail(w, bad("%s: unknown field (a request is either one check or {\"checks\": [...]}, with max_wait_ms beside either)", k))
-			return
-		}
+func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, arrived time.Time, b *body) {
+	if name, ok := b.top.firstUnknown(multiFields); ok {
+		s.fail(w, bad("%s: unknown field (a request is either one check or {\"checks\": [...]}, with max_wait_ms beside either)", name))
+		return
 	}
-	top := newFields(map[string]any{"max_wait_ms": obj["max_wait_ms"]}, "")
+	top := newFields(&b.top, -1)
 	maxMs, hasMax := s.maxWaitField(top)
 	if top.err != nil {
 		s.fail(w, top.err)
 		return
 	}
-	list, ok := raw.([]any)
-	switch {
-	case !ok:
-		s.fail(w, bad("checks: must be an array of checks, got %s", jsonKind(raw)))
+	switch raw := b.top.fields[fChecks]; {
+	case raw.kind != kindArray:
+		s.fail(w, bad("checks: must be an array of checks, got %s", raw.kind))
 		return
-	case len(list) == 0:
+	case b.nCheck == 0:
 		s.fail(w, bad("checks: must not be empty"))
 		return
-	case len(list) > MaxChecks:
-		s.fail(w, bad("checks: %d checks, at most %d", len(list), MaxChecks))
+	case b.nCheck > MaxChecks:
+		s.fail(w, bad("checks: %d checks, at most %d", b.nCheck, MaxChecks))
 		return
 	}
-	checks := make([]node.Check, len(list))
-	rules := make([]string, len(list))
-	for i, e := range list {
-		prefix := fmt.Sprintf("checks[%d]", i)
-		o, ok := e.(map[string]any)
-		if !ok {
-			s.fail(w, bad("%s: must be an object, got %s", prefix, jsonKind(e)))
+	checks := make([]node.Check, len(b.checks))
+	rules := make([]string, len(b.checks))
+	for i := range b.checks {
+		e := &b.checks[i]
+		if e.kind != kindObject {
+			s.fail(w, bad("checks[%d]: must be an object, got %s", i, e.kind))
 			return
 		}
-		f := newFields(o, prefix)
+		f := newFields(&e.obj, i)
 		c := readCheck(f)
-		if err := f.done(); err != nil {
+		if err := f.done(checkFields); err != nil {
 			s.fail(w, err)
 			return
 		}
-		checks[i], rules[i] = node.NewCheck(c.rule, c.key, c.opts...), c.rule
+		checks[i], rules[i] = node.NewCheck(c.rule, c.key, c.options()...), c.rule
 	}
 	dl, hasDL, err := callerDeadline(r, arrived, maxMs, hasMax)
 	if err != nil {
@@ -719,7 +569,7 @@ func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, arrived time.T
 		s.metrics.decided(rules[i], d)
 		resp.Results[i] = toResponse(d)
 	}
-	writeJSON(w, http.StatusOK, resp)
+	writeAllowAll(w, resp)
 	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
 }
 
@@ -732,19 +582,20 @@ func waitMargin(budget time.Duration) time.Duration {
 
 func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
-	obj, err := readObject(w, r)
+	b, err := readBody(w, r)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	if _, multi := obj["checks"]; multi {
+	defer b.release()
+	if b.top.fields[fChecks].given {
 		s.fail(w, bad("checks: /v1/wait takes one check; use /v1/allow for several"))
 		return
 	}
-	f := newFields(obj, "")
+	f := newFields(&b.top, -1)
 	c := readCheck(f)
-	maxMs, hasMax := f.uint("max_wait_ms", uint64(s.cfg.MaxWait/time.Millisecond))
-	if err := f.done(); err != nil {
+	maxMs, hasMax := f.uint(fMaxWait, uint64(s.cfg.MaxWait/time.Millisecond))
+	if err := f.done(singleFields); err != nil {
 		s.fail(w, err)
 		return
 	}
@@ -768,7 +619,7 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel = context.WithTimeout(r.Context(), maxWait+time.Second)
 		defer cancel()
 	}
-	d, err := s.cfg.Node.Wait(ctx, c.rule, c.key, append(c.opts, node.MaxWait(maxWait))...)
+	d, err := s.cfg.Node.Wait(ctx, c.rule, c.key, append(c.options(), node.MaxWait(maxWait))...)
 	if err != nil && !(d.Limit > 0 && (errors.Is(err, context.DeadlineExceeded))) {
 		s.fail(w, err)
 		return
@@ -780,20 +631,22 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
-	obj, err := readObject(w, r)
+	b, err := readBody(w, r)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
-	f := newFields(obj, "")
-	rule := f.str("rule", true)
-	key := f.str("key", true)
+	f := newFields(&b.top, -1)
+	rule := f.str(fRule, true)
+	key := f.str(fKey, true)
 	if len(key) > MaxKeyBytes {
-		f.fail("key", "%d bytes, at most %d", len(key), MaxKeyBytes)
+		f.fail(fKey, "%d bytes, at most %d", len(key), MaxKeyBytes)
 	}
-	class := f.str("class", false)
+	class := f.str(fClass, false)
 	maxMs, hasMax := s.maxWaitField(f)
-	if err := f.done(); err != nil {
+	err = f.done(acquireFields)
+	b.release()
+	if err != nil {
 		s.fail(w, err)
 		return
 	}
@@ -827,14 +680,15 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) leaseID(w http.ResponseWriter, r *http.Request) (string, bool) {
-	obj, err := readObject(w, r)
+	b, err := readBody(w, r)
 	if err != nil {
 		s.fail(w, err)
 		return "", false
 	}
-	f := newFields(obj, "")
-	id := f.str("lease_id", true)
-	if err := f.done(); err != nil {
+	defer b.release()
+	f := newFields(&b.top, -1)
+	id := f.str(fLeaseID, true)
+	if err := f.done(leaseFields); err != nil {
 		s.fail(w, err)
 		return "", false
 	}
