@@ -8,7 +8,7 @@ import "github.com/ratemesh/ratemesh/limiter"
 // over by that much. On a busy host the batches come late and that grows
 // with the load. So the core counts, per rule, the credits admitted since
 // the last batch, and once one rule's count passes its budget —
-// CoreConfig.PublishBudget of the member's share, limit / live members —
+// MeshConfig.PublishBudget of the member's share, limit / live members —
 // OverBudget tells the runtime to publish (Core.Flush) before it answers
 // the decision that passed it. A kill then loses at most the budget plus
 // the last request's cost, per rule, whatever the load. The simulator
