@@ -147,7 +147,7 @@ func meshFields(m *Mesh) fields {
 			var p string
 			err := str(&p)(v, path)
 			if err == nil {
-				m.PartitionPolicy = node.Policy(p)
+				m.Policy = node.Policy(p)
 			}
 			return err
 		},
