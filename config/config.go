@@ -645,10 +645,11 @@ func ChangedSettings(running *Config, data []byte) []string {
 		return nil
 	}
 	a, b := running, &doc.cfg
-	fields := []struct {
+	type change struct {
 		name string
 		x, y any
-	}{
+	}
+	fields := []change{
 		{"node.listen", a.Node.Listen, b.Node.Listen}, {"node.api", a.Node.API, b.Node.API},
 		{"node.grpc", a.Node.GRPC, b.Node.GRPC},
 		{"node.data_dir", a.Node.DataDir, b.Node.DataDir}, {"node.bootstrap", a.Node.Bootstrap, b.Node.Bootstrap},
@@ -657,16 +658,18 @@ func ChangedSettings(running *Config, data []byte) []string {
 		{"node.allow_peers_dns", a.Node.AllowPeersDNS, b.Node.AllowPeersDNS},
 		{"node.join_timeout", a.Node.JoinTimeout, b.Node.JoinTimeout}, {"node.flush_interval", a.Node.FlushInterval, b.Node.FlushInterval},
 		{"node.persist_min_window", a.Node.PersistMinWindow, b.Node.PersistMinWindow},
-		{"mesh.namespace", a.Mesh.Namespace, b.Mesh.Namespace}, {"mesh.sync_interval", a.Mesh.SyncInterval, b.Mesh.SyncInterval},
-		{"mesh.heartbeat", a.Mesh.Heartbeat, b.Mesh.Heartbeat}, {"mesh.repair_interval", a.Mesh.RepairInterval, b.Mesh.RepairInterval},
-		{"mesh.suspect_after", a.Mesh.SuspectAfter, b.Mesh.SuspectAfter}, {"mesh.dead_after", a.Mesh.DeadAfter, b.Mesh.DeadAfter},
-		{"mesh.evict_after", a.Mesh.EvictAfter, b.Mesh.EvictAfter}, {"mesh.partition_policy", a.Mesh.Policy, b.Mesh.Policy},
-		{"mesh.max_skew", a.Mesh.MaxSkew, b.Mesh.MaxSkew}, {"mesh.publish_budget", a.Mesh.PublishBudget, b.Mesh.PublishBudget},
+	}
+	ka, kb := meshKeys(&a.Mesh), meshKeys(&b.Mesh)
+	for i := range ka {
+		x, y := reflect.ValueOf(ka[i].value).Elem(), reflect.ValueOf(kb[i].value).Elem()
+		fields = append(fields, change{"mesh." + ka[i].name, x.Interface(), y.Interface()})
+	}
+	fields = append(fields, []change{
 		{"envoy.config", a.Envoy.Config, b.Envoy.Config},
 		{"api.token_file", a.API.TokenFile, b.API.TokenFile}, {"api.tls_cert", a.API.TLSCert, b.API.TLSCert},
 		{"api.tls_key", a.API.TLSKey, b.API.TLSKey}, {"api.client_ca", a.API.ClientCA, b.API.ClientCA},
 		{"api.insecure", a.API.Insecure, b.API.Insecure}, {"api.metrics_auth", a.API.MetricsAuth, b.API.MetricsAuth},
-	}
+	}...)
 	var out []string
 	for _, f := range fields {
 		x, y := reflect.ValueOf(f.x), reflect.ValueOf(f.y)

@@ -41,7 +41,8 @@ func meshKeys(t *testing.T) []string {
 }
 
 // TestMeshSection: every key of the mesh section reaches node.MeshConfig
-// and, through NodeConfig, the node.
+// and, through NodeConfig, the node; and a reload that changes it says it
+// needs a restart (ChangedSettings).
 func TestMeshSection(t *testing.T) {
 	var set []string
 	for _, line := range strings.Split(everyMeshKey, "\n")[1:] {
@@ -73,6 +74,14 @@ func TestMeshSection(t *testing.T) {
 	}
 	if got := cfg.NodeConfig(node.DefaultConfig()).MeshConfig; got != want {
 		t.Errorf("NodeConfig: mesh settings %+v, want %+v", got, want)
+	}
+	running := config.Default()
+	var wantChanged []string
+	for _, k := range set {
+		wantChanged = append(wantChanged, "mesh."+k)
+	}
+	if got := config.ChangedSettings(&running, []byte(everyMeshKey)); !slices.Equal(got, wantChanged) {
+		t.Errorf("ChangedSettings = %v, want %v", got, wantChanged)
 	}
 	if d := config.Default().Mesh; d.MeshConfig != node.DefaultMeshConfig() || d.Namespace != "default" {
 		t.Errorf("Default().Mesh = %+v, want namespace default and node.DefaultMeshConfig()", d)
