@@ -18,6 +18,10 @@
 //	rules, errs := config.Reload(running, data) // invalid rules keep their old version
 //	n.Reload(rules)
 //
+// The mesh section's settings are a node.MeshConfig: node holds their
+// meaning, defaults and checks, and this package only reads their keys
+// (meshKeys) and names them in errors.
+//
 // Files that hold a mesh section and rules beside keys of their own (the
 // simulator's scenarios) read them with ParseMesh and ParseRules: the same
 // schema and the same errors.
