@@ -18,6 +18,10 @@
 //	rules, errs := config.Reload(running, data) // invalid rules keep their old version
 //	n.Reload(rules)
 //
+// The mesh section's settings are a node.MeshConfig: node holds their
+// meaning, defaults and checks, and this package only reads their keys
+// (meshKeys) and names them in errors.
+//
 // Files that hold a mesh section and rules beside keys of their own (the
 // simulator's scenarios) read them with ParseMesh and ParseRules: the same
 // schema and the same errors.
@@ -146,40 +150,14 @@ const (
 	maxConns       = 1 << 20
 )
 
-// Mesh is the mesh section: gossip timing and membership.
+// Mesh is the mesh section: the transport's namespace, and the node's
+// mesh settings (gossip timing, membership, the partition policy), whose
+// meaning, defaults and checks are node.MeshConfig's.
 type Mesh struct {
-	Namespace      string
-	SyncInterval   time.Duration
-	Heartbeat      time.Duration
-	RepairInterval time.Duration
-	SuspectAfter   time.Duration
-	DeadAfter      time.Duration
-	EvictAfter     time.Duration
-	// ReclaimAfter: see node.CoreConfig.ReclaimAfter; 0 means dead_after
-	// (raised to the shortest safe value).
-	ReclaimAfter    time.Duration
-	PartitionPolicy node.Policy
-	MaxSkew         time.Duration
-	// PublishBudget: see node.CoreConfig.PublishBudget; 0 means 0.1,
-	// negative turns it off.
-	PublishBudget float64
-}
-
-// CoreConfig returns base with the section's settings applied: the
-// intervals, the silences, the partition policy and max_skew. The rules,
-// the peer and the join settings are left as they are.
-func (m *Mesh) CoreConfig(base node.CoreConfig) node.CoreConfig {
-	base.SyncInterval = m.SyncInterval
-	base.Heartbeat = m.Heartbeat
-	base.RepairInterval = m.RepairInterval
-	base.SuspectAfter = m.SuspectAfter
-	base.DeadAfter = m.DeadAfter
-	base.EvictAfter = m.EvictAfter
-	base.ReclaimAfter = m.ReclaimAfter
-	base.Policy = m.PartitionPolicy
-	base.MaxSkew = m.MaxSkew
-	base.PublishBudget = m.PublishBudget
-	return base
+	// Namespace separates meshes on one network: the gossip topic is
+	// /ratemesh/1/<namespace>.
+	Namespace string
+	node.MeshConfig
 }
 
 // Envoy is the envoy section: envoyproxy/ratelimit's descriptor files,
@@ -294,16 +272,8 @@ func Default() Config {
 			},
 		},
 		Mesh: Mesh{
-			Namespace:       "default",
-			SyncInterval:    cc.SyncInterval,
-			Heartbeat:       cc.Heartbeat,
-			RepairInterval:  cc.RepairInterval,
-			SuspectAfter:    cc.SuspectAfter,
-			DeadAfter:       cc.DeadAfter,
-			EvictAfter:      cc.EvictAfter,
-			PartitionPolicy: cc.Policy,
-			MaxSkew:         cc.MaxSkew,
-			PublishBudget:   cc.PublishBudget,
+			Namespace:  "default", // one mesh per network unless told otherwise
+			MeshConfig: cc.MeshConfig,
 		},
 		Rules: []limiter.Rule{r},
 	}
@@ -412,13 +382,13 @@ func Reload(running []limiter.Rule, data []byte) (rules []limiter.Rule, errs []e
 }
 
 // NodeConfig returns base with the file's node and mesh settings applied:
-// its CoreConfig (rules, intervals, policy, join timeout, max skew) and the
+// the rules, the mesh settings (node.MeshConfig), the join timeout and the
 // persistence intervals.
 // Peer, Transport and Store are left for the caller; Join is set when
 // bootstrap peers are configured.
 func (c *Config) NodeConfig(base node.Config) node.Config {
-	base.CoreConfig = c.Mesh.CoreConfig(base.CoreConfig)
 	cc := &base.CoreConfig
+	cc.MeshConfig = c.Mesh.MeshConfig
 	cc.Rules = append([]limiter.Rule(nil), c.Rules...)
 	cc.JoinTimeout = c.Node.JoinTimeout
 	cc.Join = len(c.Node.Bootstrap) > 0 // dns: entries too
@@ -539,45 +509,27 @@ func (n *Node) validate() []error {
 	return errs
 }
 
-// validate checks the mesh section on its own: every duration positive,
-// then the order of the silences and the policy.
+// validate checks the mesh section on its own: the mesh settings as
+// node.MeshConfig.Validate does (one error for each problem it finds, by
+// its key), then the namespace.
 func (m *Mesh) validate() []error {
 	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, invalid(field, format, args...))
+	if err := m.MeshConfig.Validate(); err != nil {
+		all := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			all = j.Unwrap()
+		}
+		for _, e := range all {
+			var ce *node.ConfigError
+			if errors.As(e, &ce) {
+				errs = append(errs, invalid(ce.Key, "%s", ce.Msg))
+			} else {
+				errs = append(errs, invalid("mesh", "%v", e))
+			}
+		}
 	}
-	positive(&errs, []setting{
-		{"mesh.sync_interval", m.SyncInterval}, {"mesh.heartbeat", m.Heartbeat},
-		{"mesh.repair_interval", m.RepairInterval}, {"mesh.suspect_after", m.SuspectAfter},
-		{"mesh.dead_after", m.DeadAfter}, {"mesh.evict_after", m.EvictAfter},
-		{"mesh.max_skew", m.MaxSkew},
-	})
-	if len(errs) > 0 {
-		return errs
-	}
-	cc := m.CoreConfig(node.CoreConfig{})
-	switch {
-	case m.Namespace == "":
-		bad("mesh.namespace", "must not be empty")
-	case m.Heartbeat < m.SyncInterval:
-		bad("mesh.heartbeat", "%v is shorter than sync_interval %v", m.Heartbeat, m.SyncInterval)
-	case m.SuspectAfter <= m.Heartbeat:
-		bad("mesh.suspect_after", "%v must be longer than heartbeat %v", m.SuspectAfter, m.Heartbeat)
-	case m.DeadAfter < m.SuspectAfter:
-		bad("mesh.dead_after", "%v is shorter than suspect_after %v", m.DeadAfter, m.SuspectAfter)
-	case m.EvictAfter < m.SuspectAfter:
-		bad("mesh.evict_after", "%v is shorter than suspect_after %v", m.EvictAfter, m.SuspectAfter)
-	case m.ReclaimAfter < 0:
-		bad("mesh.reclaim_after", "must not be negative, got %v", m.ReclaimAfter)
-	case m.ReclaimAfter > 0 && m.ReclaimAfter < cc.MinReclaimAfter():
-		bad("mesh.reclaim_after", "%v leaves a minority too little time to fence itself: at least suspect_after + heartbeat + 2 × sync_interval + max_skew = %v", m.ReclaimAfter, cc.MinReclaimAfter())
-	case m.PublishBudget > 1:
-		bad("mesh.publish_budget", "%v is not a fraction of the share: at most 1 (negative: off)", m.PublishBudget)
-	}
-	switch m.PartitionPolicy {
-	case node.Strict, node.Available:
-	default:
-		bad("mesh.partition_policy", "%q is not one of strict, available", m.PartitionPolicy)
+	if m.Namespace == "" {
+		errs = append(errs, invalid("mesh.namespace", "must not be empty"))
 	}
 	return errs
 }
@@ -697,10 +649,11 @@ func ChangedSettings(running *Config, data []byte) []string {
 		return nil
 	}
 	a, b := running, &doc.cfg
-	fields := []struct {
+	type change struct {
 		name string
 		x, y any
-	}{
+	}
+	fields := []change{
 		{"node.listen", a.Node.Listen, b.Node.Listen}, {"node.api", a.Node.API, b.Node.API},
 		{"node.grpc", a.Node.GRPC, b.Node.GRPC},
 		{"node.data_dir", a.Node.DataDir, b.Node.DataDir}, {"node.bootstrap", a.Node.Bootstrap, b.Node.Bootstrap},
@@ -709,16 +662,18 @@ func ChangedSettings(running *Config, data []byte) []string {
 		{"node.allow_peers_dns", a.Node.AllowPeersDNS, b.Node.AllowPeersDNS},
 		{"node.join_timeout", a.Node.JoinTimeout, b.Node.JoinTimeout}, {"node.flush_interval", a.Node.FlushInterval, b.Node.FlushInterval},
 		{"node.persist_min_window", a.Node.PersistMinWindow, b.Node.PersistMinWindow},
-		{"mesh.namespace", a.Mesh.Namespace, b.Mesh.Namespace}, {"mesh.sync_interval", a.Mesh.SyncInterval, b.Mesh.SyncInterval},
-		{"mesh.heartbeat", a.Mesh.Heartbeat, b.Mesh.Heartbeat}, {"mesh.repair_interval", a.Mesh.RepairInterval, b.Mesh.RepairInterval},
-		{"mesh.suspect_after", a.Mesh.SuspectAfter, b.Mesh.SuspectAfter}, {"mesh.dead_after", a.Mesh.DeadAfter, b.Mesh.DeadAfter},
-		{"mesh.evict_after", a.Mesh.EvictAfter, b.Mesh.EvictAfter}, {"mesh.partition_policy", a.Mesh.PartitionPolicy, b.Mesh.PartitionPolicy},
-		{"mesh.max_skew", a.Mesh.MaxSkew, b.Mesh.MaxSkew}, {"mesh.publish_budget", a.Mesh.PublishBudget, b.Mesh.PublishBudget},
+	}
+	ka, kb := meshKeys(&a.Mesh), meshKeys(&b.Mesh)
+	for i := range ka {
+		x, y := reflect.ValueOf(ka[i].value).Elem(), reflect.ValueOf(kb[i].value).Elem()
+		fields = append(fields, change{"mesh." + ka[i].name, x.Interface(), y.Interface()})
+	}
+	fields = append(fields, []change{
 		{"envoy.config", a.Envoy.Config, b.Envoy.Config},
 		{"api.token_file", a.API.TokenFile, b.API.TokenFile}, {"api.tls_cert", a.API.TLSCert, b.API.TLSCert},
 		{"api.tls_key", a.API.TLSKey, b.API.TLSKey}, {"api.client_ca", a.API.ClientCA, b.API.ClientCA},
 		{"api.insecure", a.API.Insecure, b.API.Insecure}, {"api.metrics_auth", a.API.MetricsAuth, b.API.MetricsAuth},
-	}
+	}...)
 	var out []string
 	for _, f := range fields {
 		x, y := reflect.ValueOf(f.x), reflect.ValueOf(f.y)

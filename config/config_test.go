@@ -72,7 +72,7 @@ func TestDesignExample(t *testing.T) {
 	case r.LeaseTTL != 0 || len(cfg.Warnings) != 1 || !strings.Contains(cfg.Warnings[0], "lease_ttl"):
 		t.Fatalf("lease_ttl on a windowed rule: %v, warnings %q", r.LeaseTTL, cfg.Warnings)
 	}
-	if cfg.Mesh.SyncInterval != 20*time.Millisecond || cfg.Mesh.PartitionPolicy != node.Strict || cfg.Node.PersistMinWindow != time.Minute {
+	if cfg.Mesh.SyncInterval != 20*time.Millisecond || cfg.Mesh.Policy != node.Strict || cfg.Node.PersistMinWindow != time.Minute {
 		t.Fatalf("sections %+v %+v", cfg.Node, cfg.Mesh)
 	}
 	nc := cfg.NodeConfig(node.DefaultConfig())

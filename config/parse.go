@@ -132,28 +132,41 @@ func parse(data []byte) (*document, error) {
 	return doc, nil
 }
 
+// meshKey is one key of the mesh section: its decoder, and the setting
+// it decodes into, which ChangedSettings compares.
+type meshKey struct {
+	name   string
+	decode Field
+	value  any // a pointer into the Mesh
+}
+
+// meshKeys lists the mesh section's keys over m, in the order the file
+// documents them: the one place package config names a mesh setting
+// (node.MeshConfig holds its meaning, default and checks).
+func meshKeys(m *Mesh) []meshKey {
+	return []meshKey{
+		{"namespace", str(&m.Namespace), &m.Namespace},
+		{"sync_interval", duration(&m.SyncInterval), &m.SyncInterval},
+		{"heartbeat", duration(&m.Heartbeat), &m.Heartbeat},
+		{"repair_interval", duration(&m.RepairInterval), &m.RepairInterval},
+		{"suspect_after", duration(&m.SuspectAfter), &m.SuspectAfter},
+		{"dead_after", duration(&m.DeadAfter), &m.DeadAfter},
+		{"evict_after", duration(&m.EvictAfter), &m.EvictAfter},
+		{"reclaim_after", duration(&m.ReclaimAfter), &m.ReclaimAfter},
+		{"partition_policy", policy(&m.Policy), &m.Policy},
+		{"max_skew", duration(&m.MaxSkew), &m.MaxSkew},
+		{"publish_budget", fraction(&m.PublishBudget), &m.PublishBudget},
+	}
+}
+
 // meshFields decodes the mesh section into m.
 func meshFields(m *Mesh) fields {
-	return fields{
-		"namespace":       str(&m.Namespace),
-		"sync_interval":   duration(&m.SyncInterval),
-		"heartbeat":       duration(&m.Heartbeat),
-		"repair_interval": duration(&m.RepairInterval),
-		"suspect_after":   duration(&m.SuspectAfter),
-		"dead_after":      duration(&m.DeadAfter),
-		"evict_after":     duration(&m.EvictAfter),
-		"reclaim_after":   duration(&m.ReclaimAfter),
-		"partition_policy": func(v *yaml.Node, path string) error {
-			var p string
-			err := str(&p)(v, path)
-			if err == nil {
-				m.PartitionPolicy = node.Policy(p)
-			}
-			return err
-		},
-		"max_skew":       duration(&m.MaxSkew),
-		"publish_budget": fraction(&m.PublishBudget),
+	keys := meshKeys(m)
+	fs := make(fields, len(keys))
+	for _, k := range keys {
+		fs[k.name] = k.decode
 	}
+	return fs
 }
 
 // parseRules reads a rules list, each rule on its own; an empty list is
@@ -476,6 +489,18 @@ func duration(dst *time.Duration) func(*yaml.Node, string) error {
 			return invalid(path, "line %d: must not be negative, got %v", v.Line, d)
 		}
 		*dst = d
+		return nil
+	}
+}
+
+// policy decodes a partition policy; Validate checks its value.
+func policy(dst *node.Policy) func(*yaml.Node, string) error {
+	return func(v *yaml.Node, path string) error {
+		var p string
+		if err := str(&p)(v, path); err != nil {
+			return err
+		}
+		*dst = node.Policy(p)
 		return nil
 	}
 }

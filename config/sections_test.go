@@ -38,12 +38,10 @@ func TestParseMesh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Heartbeat != time.Second || m.PartitionPolicy != node.Available || m.SyncInterval != config.Default().Mesh.SyncInterval || jt != 4*time.Second || !lc {
-		t.Fatalf("mesh %+v join_timeout %v local_clock %v", m, jt, lc)
-	}
-	cc := m.CoreConfig(node.DefaultCoreConfig())
-	if cc.Heartbeat != time.Second || cc.Policy != node.Available || cc.JoinTimeout != node.DefaultCoreConfig().JoinTimeout {
-		t.Fatalf("core config %+v", cc)
+	want := node.DefaultMeshConfig()
+	want.Heartbeat, want.Policy = time.Second, node.Available
+	if m.MeshConfig != want || m.Namespace != "default" || jt != 4*time.Second || !lc {
+		t.Fatalf("mesh %+v join_timeout %v local_clock %v; want %+v, namespace default, 4s, true", m, jt, lc, want)
 	}
 	// Absent: the base, validated.
 	if m, err := config.ParseMesh(&yaml.Node{}, config.Default().Mesh, nil); err != nil || m != config.Default().Mesh {

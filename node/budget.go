@@ -8,7 +8,7 @@ import "github.com/ratemesh/ratemesh/limiter"
 // over by that much. On a busy host the batches come late and that grows
 // with the load. So the core counts, per rule, the credits admitted since
 // the last batch, and once one rule's count reaches its budget —
-// CoreConfig.PublishBudget of the member's share, limit / live members —
+// MeshConfig.PublishBudget of the member's share, limit / live members —
 // OverBudget tells the runtime to publish (Core.Flush) before it answers
 // the decision that reached it. Every decision answered without a publish
 // left the count below the budget, so a kill loses less than the budget

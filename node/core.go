@@ -254,7 +254,7 @@ func (c *Core) Alive() (alive, live int) { return c.members.nAlive, c.members.n 
 
 // Fenced reports whether the member denies every decision because, under
 // the strict policy, its side of a partition holds no majority of the
-// members (see CoreConfig.ReclaimAfter).
+// members (see MeshConfig.ReclaimAfter).
 func (c *Core) Fenced() bool { return c.members.fenced }
 
 // Stats returns a copy of the counters.

@@ -513,7 +513,7 @@ func (c *Core) nextSilence() time.Time {
 }
 
 // reclaim evicts a silent member on the side of a strict majority. The
-// member's side fenced itself before now (CoreConfig.ReclaimAfter), but it
+// member's side fenced itself before now (MeshConfig.ReclaimAfter), but it
 // may have admitted its share of the current windows, unseen: those keep
 // the scale of before (reclaimHold); later windows get the whole limit.
 func (c *Core) reclaim(now time.Time, m *member) {

@@ -18,9 +18,9 @@ import (
 // refused (it names no transport and no peer). Start copies it: changes
 // afterwards have no effect.
 type Config struct {
-	// CoreConfig holds the member's settings: Peer, Rules, the intervals,
-	// Policy, Join and JoinTimeout, MaxSkew. Leave Incarnation zero: Start
-	// sets it from the Store, and refuses a config that sets it.
+	// CoreConfig holds the member's settings: Peer, Rules, the mesh
+	// settings (MeshConfig), Join and JoinTimeout. Leave Incarnation zero:
+	// Start sets it from the Store, and refuses a config that sets it.
 	CoreConfig
 	// Transport carries batches between members: package mesh on a
 	// network, package memnet in one process. Required. The node owns it

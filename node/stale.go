@@ -60,7 +60,7 @@ type StaleChange struct {
 // idle peer acknowledges once a heartbeat, and its watermark may be a
 // heartbeat old), two sync intervals and max_skew (delivery), and never
 // more than suspect_after, after which the majority stops awaiting us.
-func (c *CoreConfig) staleAfter() time.Duration {
+func (c *MeshConfig) staleAfter() time.Duration {
 	return min(2*c.Heartbeat+2*c.SyncInterval+c.MaxSkew, c.SuspectAfter)
 }
 

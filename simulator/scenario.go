@@ -382,7 +382,7 @@ func (raw *rawScenario) buildMesh(s *Scenario) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrScenario, err)
 	}
-	cfg = m.CoreConfig(cfg)
+	cfg.MeshConfig = m.MeshConfig
 	if cfg.JoinTimeout <= 0 {
 		return errf("mesh.join_timeout", "must be positive, got %v", cfg.JoinTimeout)
 	}
