@@ -174,9 +174,11 @@ func TestServePartitionHeal(t *testing.T) {
 		key   = "k"
 	)
 	c := newCluster(t, bin, fmt.Sprintf("mesh:\n  partition_policy: strict\nrules:\n  - {name: %s, algorithm: fixed_window, limit: %d, window: 1s}\n", rule, limit))
-	ps := []*proc{lab.startIn(c, 0)}
+	// Debug logs connections coming and going: the stderr dumped on a
+	// failure shows which links came back after the heal.
+	ps := []*proc{lab.startIn(c, 0, "--log-level", "debug")}
 	for i := 1; i < 5; i++ {
-		ps = append(ps, lab.startIn(c, i, "--bootstrap", ps[0].ready.Addrs[0]))
+		ps = append(ps, lab.startIn(c, i, "--log-level", "debug", "--bootstrap", ps[0].ready.Addrs[0]))
 	}
 	c.waitAlive(ps, 30*time.Second)
 	before := incarnations(t, ps[2])
