@@ -103,7 +103,7 @@ func startServeIn(t *testing.T, netns, bin string, args ...string) *proc {
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-p.done
-		if t.Failed() {
+		if t.Failed() || os.Getenv("RATEMESH_TEST_STDERR") != "" {
 			t.Logf("stderr of serve %v:\n%s", args, errBuf.String())
 		}
 	})
