@@ -95,6 +95,10 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 		if st != nil && (st.speaks || slices.Contains(ev.protos, m.syncProto)) {
 			return p, m.announce(p, st, []protocol.ID{m.syncProto})
 		}
+	case evLeaving:
+		if st != nil {
+			st.leaving = true
+		}
 	case evDown:
 		if st == nil {
 			return "", false
@@ -105,7 +109,7 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 			delete(m.peers, p)
 			m.trace.removePeer(p)
 			m.log.Debug("peer disconnected", "peer", p.String())
-			m.signal(p, false)
+			m.lost(p, st.announced && !st.leaving)
 		}
 	}
 	return "", false
@@ -187,15 +191,18 @@ func (m *Mesh) busEvents(sub event.Subscription) {
 	}
 }
 
-// signal wakes the redial loop of p, if p is a bootstrap peer: wake (from
-// Unblock) retries at once, otherwise it reports a drop.
+// signal wakes the redial loop of p, if it has one: wake (from Unblock)
+// retries at once, otherwise it reports a drop. The signal is sent under
+// mu, so a lost member's loop that ends (endLost) never misses one.
 func (m *Mesh) signal(p peer.ID, wake bool) {
 	m.mu.Lock()
-	r := m.redials[p]
-	m.mu.Unlock()
-	if r == nil {
-		return
+	defer m.mu.Unlock()
+	if r := m.redials[p]; r != nil {
+		r.signal(wake)
 	}
+}
+
+func (r *redial) signal(wake bool) {
 	ch := r.down
 	if wake {
 		ch = r.wake
@@ -206,21 +213,98 @@ func (m *Mesh) signal(p peer.ID, wake bool) {
 	}
 }
 
-// keep keeps this member connected to the bootstrap peer pi: it dials at
-// once, and again with exponential backoff whenever the connection is
-// down, until Close. first is marked done after the first attempt. A
-// connection that drops before it has held for RedialMax (a peer that
-// refuses us right after the handshake) backs off like a failed dial, so
-// a refusing peer is never redialled in a tight loop.
+// maxLostRedials bounds the lost members redialled at once (lost): a
+// member costs a parked goroutine and, while unreachable, a dial every
+// RedialMax. Without an allowlist any peer that speaks our protocol is a
+// member, so the bound keeps a peer that connects under many identities
+// and drops them from costing more.
+const maxLostRedials = 1024
+
+// lost handles the end of p's last connection: a bootstrap peer's loop
+// (keep) redials it; so does one started here for a member (member: it
+// was announced in the spell that ended, and did not announce that it
+// leaves) that has no loop yet. Members dial each other as they learn of
+// each other (learnAddrs), but only bootstrap peers were redialled: after
+// a partition healed, two members that are not each other's bootstrap
+// peer stayed apart for a minute or more (a dial that failed during the
+// cut is not retried for suggestRetry), and as the small topic mesh
+// relays to at most GossipDhi peers, one of them could miss the other's
+// batches — in TestServePartitionHeal a majority member held a minority
+// member dead for 30 s after the heal. The caller is the event loop.
+func (m *Mesh) lost(p peer.ID, member bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.redials[p]; r != nil {
+		if r.lost && !member {
+			// A lost member came back and has now left: its loop ends.
+			delete(m.redials, p)
+			m.lostLoops--
+			r.gone.Store(true)
+			r.signal(true)
+			return
+		}
+		r.signal(false)
+		return
+	}
+	if !member || m.closed || !m.started || !m.gater.admits(p) {
+		return
+	}
+	if m.lostLoops >= maxLostRedials {
+		m.log.Debug("lost member not redialled: too many lost members", "peer", p.String(), "max", maxLostRedials)
+		return
+	}
+	addrs := m.h.Peerstore().Addrs(p)
+	if len(addrs) == 0 {
+		return
+	}
+	r := &redial{down: make(chan struct{}, 1), wake: make(chan struct{}, 1), lost: true}
+	m.redials[p] = r
+	m.lostLoops++
+	m.wg.Add(1) // under mu: Close marks closed under mu before it waits
+	go m.keep(peer.AddrInfo{ID: p, Addrs: addrs}, r, nil)
+}
+
+// endLost ends the loop r of a lost member, unless a drop was signalled
+// to it meanwhile; it reports whether the loop is to return.
+func (m *Mesh) endLost(p peer.ID, r *redial) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(r.down) > 0 {
+		return false
+	}
+	delete(m.redials, p)
+	m.lostLoops--
+	return true
+}
+
+// keep keeps this member connected to the peer pi, a bootstrap peer or a
+// lost member (r.lost): it dials at once, and again with exponential
+// backoff whenever the connection is down, until Close — a lost member's
+// loop also ends once the peer is blocked or leaves the allowlist. first,
+// if not nil, is marked done after the first attempt. A connection that
+// drops before it has held for RedialMax (a peer that refuses us right
+// after the handshake) backs off like a failed dial, so a refusing peer
+// is never redialled in a tight loop.
 func (m *Mesh) keep(pi peer.AddrInfo, r *redial, first *sync.WaitGroup) {
 	defer m.wg.Done()
 	var once sync.Once
-	firstDone := func() { once.Do(first.Done) }
+	firstDone := func() {
+		if first != nil {
+			once.Do(first.Done)
+		}
+	}
 	defer firstDone()
 	m.h.Peerstore().AddAddrs(pi.ID, pi.Addrs, peerstore.PermanentAddrTTL)
 	addr := addrString(pi)
 	attempt := 0
 	var upSince time.Time
+	warn, msg := m.log.Warn, "cannot reach bootstrap peer; retrying"
+	if r.lost {
+		// A member lost to a partition is redialled every RedialMax
+		// for as long as the partition lasts: a warning each time would
+		// bury the fence's one error line.
+		warn, msg = m.log.Debug, "cannot reach a lost member; retrying"
+	}
 	// pause waits d, or until Unblock wakes the loop (which also resets
 	// the backoff); false means Close.
 	pause := func(d time.Duration) bool {
@@ -235,8 +319,11 @@ func (m *Mesh) keep(pi peer.AddrInfo, r *redial, first *sync.WaitGroup) {
 		}
 		return true
 	}
-	for m.ctx.Err() == nil {
+	for m.ctx.Err() == nil && !r.gone.Load() {
 		up := m.h.Network().Connectedness(pi.ID) == network.Connected
+		if r.lost && !up && !m.gater.admits(pi.ID) && m.endLost(pi.ID, r) {
+			return // Unblock dials a blocked peer itself
+		}
 		if up || !m.gater.admits(pi.ID) { // a peer that joins the allowlist wakes the loop (setAllowed)
 			firstDone()
 			if up && upSince.IsZero() {
@@ -277,7 +364,7 @@ func (m *Mesh) keep(pi peer.AddrInfo, r *redial, first *sync.WaitGroup) {
 		}
 		d := backoff(attempt, m.cfg.RedialMin, m.cfg.RedialMax, rand.Float64())
 		attempt++
-		m.log.Warn("cannot reach bootstrap peer; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
+		warn(msg, "peer", pi.ID.String(), "err", err, "retry_in", d.Round(time.Millisecond))
 		if !pause(d) {
 			return
 		}

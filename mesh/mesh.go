@@ -71,7 +71,9 @@ type Mesh struct {
 	busSub   event.Subscription
 	peersMu  sync.Mutex
 	peers    map[peer.ID]*peerState // written by the event loop only
-	redials  map[peer.ID]*redial    // loops of bootstrap peers
+	redials  map[peer.ID]*redial    // redial loops: bootstrap peers and lost members (keep)
+	// lostLoops counts the lost members' loops in redials, under mu.
+	lostLoops int
 
 	// deliver guards handler calls: Close takes it exclusively, so no
 	// call is under way or starts after Close returns.
@@ -110,12 +112,13 @@ const (
 	evProtocols                // a peer announced new protocols
 	evBlocked                  // Block on an attached Mesh: the connection stays
 	evUnblocked                // Unblock on an attached Mesh whose connection stayed
+	evLeaving                  // the peer announced that it leaves (a batch with crdt.FlagLeaving)
 )
 
 type connEvent struct {
 	kind   evKind
 	c      network.Conn // evUp, evDown, evIdentified
-	p      peer.ID      // evProtocols, evBlocked, evUnblocked
+	p      peer.ID      // evProtocols, evBlocked, evUnblocked, evLeaving
 	protos []protocol.ID
 }
 
@@ -129,12 +132,20 @@ type peerState struct {
 	// can lose a connected peer's protocols (seen under load on a
 	// service's host between Block and Unblock).
 	speaks bool
+	// leaving: the peer announced that it leaves; its connections
+	// closing is no loss to redial.
+	leaving bool
 }
 
-// redial wakes the redial loop of one bootstrap peer.
+// redial wakes the redial loop of one peer (keep).
 type redial struct {
 	down chan struct{} // its last connection closed
 	wake chan struct{} // Unblock: try now, with a fresh backoff
+	// lost: the peer is a member whose last connection closed, not a
+	// bootstrap peer. Its loop ends once the peer is blocked or off the
+	// allowlist, and is not started for more than maxLostRedials peers.
+	lost bool
+	gone atomic.Bool // the lost member left: its loop ends (lost)
 }
 
 // New builds the host and its gossipsub router and starts listening; the
@@ -553,6 +564,11 @@ func (m *Mesh) deliverBatch(in node.Inbound) {
 	}
 	if in.Direct && len(in.Batch.Members) > 0 {
 		m.learnAddrs(in.Batch.Members)
+	}
+	if in.Batch.Has(crdt.FlagLeaving) {
+		if p, err := peer.Decode(in.Batch.From.Peer); err == nil {
+			m.push(connEvent{kind: evLeaving, p: p})
+		}
 	}
 	m.handler.HandleBatch(in)
 }
