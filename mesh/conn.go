@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/control"
 	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -78,6 +79,10 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 			st = &peerState{conns: make(map[network.Conn]struct{})}
 			m.peers[p] = st
 		}
+		if _, known := st.conns[ev.c]; !known && m.halfOpen(st, ev.c) {
+			m.log.Debug("a member dialled in while an older connection to it stayed open, half-open since a cut; reconnecting", "peer", p.String())
+			m.reset(p)
+		}
 		st.conns[ev.c] = struct{}{}
 		if ev.kind == evIdentified {
 			return p, m.announce(p, st, ev.protos)
@@ -115,6 +120,99 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 	return "", false
 }
 
+// halfOpen reports whether c, a new connection of the member st, shows
+// that the member's older connections are half-open: c is inbound (the
+// member dialled us, which it does only when it holds no connection to
+// us) and another connection is older than c by DialTimeout or more
+// (simultaneous dials open theirs within a dial of each other).
+//
+// A cut leaves a connection open on the side that did not give up on it
+// first, until a retransmission or a keep-alive meets the other side's
+// reset, which can take half a minute; gossipsub writes to the member on
+// that connection meanwhile, and loses it (and, when the connection
+// finally closes, forgets the member's subscription though its other
+// connection lives, so stops publishing to it: see subscriptions).
+func (m *Mesh) halfOpen(st *peerState, c network.Conn) bool {
+	if !m.owned || !st.announced || c.Stat().Direction != network.DirInbound {
+		return false
+	}
+	opened := c.Stat().Opened
+	for o := range st.conns {
+		if opened.Sub(o.Stat().Opened) >= m.cfg.DialTimeout {
+			return true
+		}
+	}
+	return false
+}
+
+// reset closes every connection to p, so that both sides start afresh:
+// their redial loops (keep) reconnect, and gossipsub builds its state for
+// the new connection on both sides. Only a Mesh built by New resets; an
+// attached Mesh does not close the service's connections. The caller is
+// the event loop.
+func (m *Mesh) reset(p peer.ID) {
+	if !m.owned {
+		return
+	}
+	m.st.resets.Add(1)
+	m.wg.Add(1) // the event loop is itself in wg: Close has not finished waiting
+	go func() {
+		defer m.wg.Done()
+		_ = m.h.Network().ClosePeer(p)
+	}()
+}
+
+// subscriptions checks, every subscriptionCheck, that gossipsub counts
+// each member connected for more than subscribeGrace among the topic's
+// subscribers, and resets the connections of one it does not. Gossipsub
+// (v0.17) forgets a peer's subscription when the stream it writes to the
+// peer dies while another connection to the peer lives — the peer sent
+// its subscription once, on the stream it writes to us, and does not
+// send it again — and from then on neither publishes nor relays to it.
+// That happens when one of two connections to a member closes, as a
+// half-open one after a cut does (halfOpen). A reset makes both sides
+// start afresh. Only a Mesh built by New runs it.
+func (m *Mesh) subscriptions(topic *pubsub.Topic) {
+	defer m.wg.Done()
+	t := time.NewTicker(min(subscriptionCheck, m.subscribeGrace))
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		subscribed := make(map[peer.ID]bool)
+		for _, p := range topic.ListPeers() {
+			subscribed[p] = true
+		}
+		now := time.Now()
+		var missing []peer.ID
+		m.peersMu.Lock()
+		for p, st := range m.peers {
+			if st.announced && !subscribed[p] && now.Sub(st.since) >= m.subscribeGrace {
+				missing = append(missing, p)
+				st.since = now // one reset per grace
+			}
+		}
+		m.peersMu.Unlock()
+		for _, p := range missing {
+			m.log.Debug("gossipsub does not count a connected member as subscribed; reconnecting", "peer", p.String())
+			m.st.resets.Add(1)
+			_ = m.h.Network().ClosePeer(p)
+		}
+	}
+}
+
+// subscriptionCheck is how often subscriptions looks, and subscribeGrace
+// how long a member may be connected before gossipsub must count it
+// subscribed: its subscription comes in the first message of the stream
+// it opens to us, a round trip after the connection.
+const (
+	subscriptionCheck = time.Second
+	subscribeGrace    = 10 * time.Second
+)
+
 // announce reports whether a peer is to be announced now: it speaks our
 // sync protocol, is not blocked and has not been announced in this spell.
 // An announced member's connections are protected from the connection
@@ -128,6 +226,7 @@ func (m *Mesh) announce(p peer.ID, st *peerState, protos []protocol.ID) bool {
 		return false
 	}
 	st.announced = true
+	st.since = time.Now()
 	m.protect(p, st)
 	return true
 }

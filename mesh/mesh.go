@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
@@ -96,6 +97,9 @@ type Mesh struct {
 
 	// probe is set while attach checks the PubSub's signing (attach.go).
 	probe atomic.Pointer[probe]
+	// subscribeGrace is subscribeGrace but in tests (subscriptions).
+	subscribeGrace time.Duration
+
 	// inflight are the inbound sync and forward streams being served,
 	// under mu; Close resets them and waits for their handlers (wg).
 	inflight map[network.Stream]struct{}
@@ -135,6 +139,8 @@ type peerState struct {
 	// leaving: the peer announced that it leaves; its connections
 	// closing is no loss to redial.
 	leaving bool
+	// since: when the peer was announced (subscriptions; under peersMu).
+	since time.Time
 }
 
 // redial wakes the redial loop of one peer (keep).
@@ -252,19 +258,20 @@ func newMember(cfg Config, self peer.ID) *Mesh {
 	}
 	allow := newAllowlist(self, cfg.allowlistOn())
 	m := &Mesh{
-		cfg:       cfg,
-		log:       log.With("component", "mesh"),
-		self:      self,
-		selfStr:   self.String(),
-		allow:     allow,
-		gater:     newGater(allow),
-		topicName: "/ratemesh/1/" + cfg.Namespace,
-		syncProto: protocol.ID("/ratemesh/1/" + cfg.Namespace + "/sync"),
-		connTag:   "ratemesh/" + cfg.Namespace,
-		evSig:     make(chan struct{}, 1),
-		peers:     make(map[peer.ID]*peerState),
-		redials:   make(map[peer.ID]*redial),
-		inflight:  make(map[network.Stream]struct{}),
+		cfg:            cfg,
+		log:            log.With("component", "mesh"),
+		self:           self,
+		selfStr:        self.String(),
+		allow:          allow,
+		gater:          newGater(allow),
+		topicName:      "/ratemesh/1/" + cfg.Namespace,
+		syncProto:      protocol.ID("/ratemesh/1/" + cfg.Namespace + "/sync"),
+		connTag:        "ratemesh/" + cfg.Namespace,
+		evSig:          make(chan struct{}, 1),
+		peers:          make(map[peer.ID]*peerState),
+		redials:        make(map[peer.ID]*redial),
+		subscribeGrace: subscribeGrace,
+		inflight:       make(map[network.Stream]struct{}),
 	}
 	m.wire = &wire{sync: m.syncProto}
 	m.trace = newTracer(m.topicName)
@@ -389,6 +396,10 @@ func (m *Mesh) start(h node.Handler) (*sync.WaitGroup, error) {
 	go m.events()
 	go m.busEvents(bus)
 	go m.read(sub)
+	if m.owned {
+		m.wg.Add(1)
+		go m.subscriptions(m.topic)
+	}
 
 	if m.cfg.MDNS {
 		m.disc = mdns.NewMdnsService(m.h, mdnsService(m.cfg.Namespace), mdnsNotifee{m})
@@ -679,6 +690,12 @@ type Stats struct {
 	// has a gater: they stay 0 for an attached one.
 	PeerConnected, DialFailures, Refused uint64
 	RefusedConns                         [NumConnReasons]uint64
+	// Resets counts members whose connections were all closed to start
+	// afresh: a member that dialled in while an older connection to it
+	// stayed open (half-open since a cut), or one that gossipsub stopped
+	// counting as subscribed (see Mesh.subscriptions). Only a Mesh built
+	// by New resets: it stays 0 for an attached one.
+	Resets uint64
 	// Wire bytes carried by libp2p streams (after multiplexing, before
 	// encryption and transport framing): in total, over gossipsub, and
 	// over the sync protocol. Only a Mesh built by New counts them (a
@@ -695,7 +712,7 @@ type counters struct {
 	directReceived, directReceivedBytes atomic.Uint64
 	rejectedGossip, rejectedDirect      [NumReasons]atomic.Uint64
 	rejectedForward, external           [NumReasons]atomic.Uint64
-	peerConnected, dialFailures         atomic.Uint64
+	peerConnected, dialFailures, resets atomic.Uint64
 	unsigned, rpcOversize               atomic.Uint64
 }
 
@@ -710,7 +727,7 @@ func (m *Mesh) Stats() Stats {
 		DroppedOutbound:   m.trace.droppedRPC.Load(),
 		DroppedValidation: m.trace.validationDropped.Load(),
 		DroppedSubscriber: m.trace.undeliverable.Load(),
-		PeerConnected:     m.st.peerConnected.Load(), DialFailures: m.st.dialFailures.Load(),
+		PeerConnected:     m.st.peerConnected.Load(), DialFailures: m.st.dialFailures.Load(), Resets: m.st.resets.Load(),
 		WireIn: uint64(m.wire.in.Load()), WireOut: uint64(m.wire.out.Load()),
 		GossipWireIn: uint64(m.wire.gossipIn.Load()), GossipWireOut: uint64(m.wire.gossipOut.Load()),
 		SyncWireIn: uint64(m.wire.syncIn.Load()), SyncWireOut: uint64(m.wire.syncOut.Load()),

@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/internal/testutil"
 )
@@ -210,4 +214,38 @@ func TestNoRedialAfterLeave(t *testing.T) {
 	if redialled(blocked) {
 		t.Error("A redials a member it blocked")
 	}
+}
+
+// TestResetUnsubscribedMember: a connected member that gossipsub does not
+// count among the topic's subscribers past the grace — here a real host
+// that speaks our sync protocol and never joins the topic; in production
+// one whose subscription gossipsub forgot when a duplicate connection
+// closed — has its connections reset, so both sides start afresh.
+func TestResetUnsubscribedMember(t *testing.T) {
+	t.Parallel()
+	a := newMesh(t, testConfig(t))
+	a.subscribeGrace = 300 * time.Millisecond
+	ra := &recorder{}
+	if err := a.Start(context.Background(), ra); err != nil {
+		t.Fatal(err)
+	}
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(), libp2p.DisableMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	h.SetStreamHandler(a.syncProto, func(s network.Stream) { s.Reset() })
+	pi, err := peer.AddrInfoFromString(tcpAddr(t, a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Connect(context.Background(), *pi); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return ra.connectedCount(h.ID().String()) == 1, "A announces the host"
+	})
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return a.Stats().Resets >= 1, "A resets the connection"
+	})
 }
