@@ -84,7 +84,7 @@ type Config struct {
 	// used by Attach: the PubSub's parameters are the service's.
 	GossipHeartbeat time.Duration
 	// RedialMin and RedialMax bound the exponential backoff of redials to
-	// a bootstrap peer whose connection dropped.
+	// a bootstrap peer, or a member, whose connection dropped.
 	RedialMin, RedialMax time.Duration
 
 	// AllowPeers, AllowPeersFile and AllowExternal turn on the allowlist

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/control"
 	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -78,6 +79,10 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 			st = &peerState{conns: make(map[network.Conn]struct{})}
 			m.peers[p] = st
 		}
+		if _, known := st.conns[ev.c]; !known && m.halfOpen(st, ev.c) {
+			m.log.Debug("a member dialled in while an older connection to it stayed open, half-open since a cut; reconnecting", "peer", p.String())
+			m.reset(p)
+		}
 		st.conns[ev.c] = struct{}{}
 		if ev.kind == evIdentified {
 			return p, m.announce(p, st, ev.protos)
@@ -95,6 +100,10 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 		if st != nil && (st.speaks || slices.Contains(ev.protos, m.syncProto)) {
 			return p, m.announce(p, st, []protocol.ID{m.syncProto})
 		}
+	case evLeaving:
+		if st != nil {
+			st.leaving = true
+		}
 	case evDown:
 		if st == nil {
 			return "", false
@@ -105,11 +114,104 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 			delete(m.peers, p)
 			m.trace.removePeer(p)
 			m.log.Debug("peer disconnected", "peer", p.String())
-			m.signal(p, false)
+			m.lost(p, st.announced && !st.leaving)
 		}
 	}
 	return "", false
 }
+
+// halfOpen reports whether c, a new connection of the member st, shows
+// that the member's older connections are half-open: c is inbound (the
+// member dialled us, which it does only when it holds no connection to
+// us) and another connection is older than c by DialTimeout or more
+// (simultaneous dials open theirs within a dial of each other).
+//
+// A cut leaves a connection open on the side that did not give up on it
+// first, until a retransmission or a keep-alive meets the other side's
+// reset, which can take half a minute; gossipsub writes to the member on
+// that connection meanwhile, and loses it (and, when the connection
+// finally closes, forgets the member's subscription though its other
+// connection lives, so stops publishing to it: see subscriptions).
+func (m *Mesh) halfOpen(st *peerState, c network.Conn) bool {
+	if !m.owned || !st.announced || c.Stat().Direction != network.DirInbound {
+		return false
+	}
+	opened := c.Stat().Opened
+	for o := range st.conns {
+		if opened.Sub(o.Stat().Opened) >= m.cfg.DialTimeout {
+			return true
+		}
+	}
+	return false
+}
+
+// reset closes every connection to p, so that both sides start afresh:
+// their redial loops (keep) reconnect, and gossipsub builds its state for
+// the new connection on both sides. Only a Mesh built by New resets; an
+// attached Mesh does not close the service's connections. The caller is
+// the event loop.
+func (m *Mesh) reset(p peer.ID) {
+	if !m.owned {
+		return
+	}
+	m.st.resets.Add(1)
+	m.wg.Add(1) // the event loop is itself in wg: Close has not finished waiting
+	go func() {
+		defer m.wg.Done()
+		_ = m.h.Network().ClosePeer(p)
+	}()
+}
+
+// subscriptions checks, every subscriptionCheck, that gossipsub counts
+// each member connected for more than subscribeGrace among the topic's
+// subscribers, and resets the connections of one it does not. Gossipsub
+// (v0.17) forgets a peer's subscription when the stream it writes to the
+// peer dies while another connection to the peer lives — the peer sent
+// its subscription once, on the stream it writes to us, and does not
+// send it again — and from then on neither publishes nor relays to it.
+// That happens when one of two connections to a member closes, as a
+// half-open one after a cut does (halfOpen). A reset makes both sides
+// start afresh. Only a Mesh built by New runs it.
+func (m *Mesh) subscriptions(topic *pubsub.Topic) {
+	defer m.wg.Done()
+	t := time.NewTicker(min(subscriptionCheck, m.subscribeGrace))
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		subscribed := make(map[peer.ID]bool)
+		for _, p := range topic.ListPeers() {
+			subscribed[p] = true
+		}
+		now := time.Now()
+		var missing []peer.ID
+		m.peersMu.Lock()
+		for p, st := range m.peers {
+			if st.announced && !subscribed[p] && now.Sub(st.since) >= m.subscribeGrace {
+				missing = append(missing, p)
+				st.since = now // one reset per grace
+			}
+		}
+		m.peersMu.Unlock()
+		for _, p := range missing {
+			m.log.Debug("gossipsub does not count a connected member as subscribed; reconnecting", "peer", p.String())
+			m.st.resets.Add(1)
+			_ = m.h.Network().ClosePeer(p)
+		}
+	}
+}
+
+// subscriptionCheck is how often subscriptions looks, and subscribeGrace
+// how long a member may be connected before gossipsub must count it
+// subscribed: its subscription comes in the first message of the stream
+// it opens to us, a round trip after the connection.
+const (
+	subscriptionCheck = time.Second
+	subscribeGrace    = 10 * time.Second
+)
 
 // announce reports whether a peer is to be announced now: it speaks our
 // sync protocol, is not blocked and has not been announced in this spell.
@@ -124,6 +226,7 @@ func (m *Mesh) announce(p peer.ID, st *peerState, protos []protocol.ID) bool {
 		return false
 	}
 	st.announced = true
+	st.since = time.Now()
 	m.protect(p, st)
 	return true
 }
@@ -187,15 +290,18 @@ func (m *Mesh) busEvents(sub event.Subscription) {
 	}
 }
 
-// signal wakes the redial loop of p, if p is a bootstrap peer: wake (from
-// Unblock) retries at once, otherwise it reports a drop.
+// signal wakes the redial loop of p, if it has one: wake (from Unblock)
+// retries at once, otherwise it reports a drop. The signal is sent under
+// mu, so a lost member's loop that ends (endLost) never misses one.
 func (m *Mesh) signal(p peer.ID, wake bool) {
 	m.mu.Lock()
-	r := m.redials[p]
-	m.mu.Unlock()
-	if r == nil {
-		return
+	defer m.mu.Unlock()
+	if r := m.redials[p]; r != nil {
+		r.signal(wake)
 	}
+}
+
+func (r *redial) signal(wake bool) {
 	ch := r.down
 	if wake {
 		ch = r.wake
@@ -206,21 +312,98 @@ func (m *Mesh) signal(p peer.ID, wake bool) {
 	}
 }
 
-// keep keeps this member connected to the bootstrap peer pi: it dials at
-// once, and again with exponential backoff whenever the connection is
-// down, until Close. first is marked done after the first attempt. A
-// connection that drops before it has held for RedialMax (a peer that
-// refuses us right after the handshake) backs off like a failed dial, so
-// a refusing peer is never redialled in a tight loop.
+// maxLostRedials bounds the lost members redialled at once (lost): a
+// member costs a parked goroutine and, while unreachable, a dial every
+// RedialMax. Without an allowlist any peer that speaks our protocol is a
+// member, so the bound keeps a peer that connects under many identities
+// and drops them from costing more.
+const maxLostRedials = 1024
+
+// lost handles the end of p's last connection: a bootstrap peer's loop
+// (keep) redials it; so does one started here for a member (member: it
+// was announced in the spell that ended, and did not announce that it
+// leaves) that has no loop yet. Members dial each other as they learn of
+// each other (learnAddrs), but only bootstrap peers were redialled: after
+// a partition healed, two members that are not each other's bootstrap
+// peer stayed apart for a minute or more (a dial that failed during the
+// cut is not retried for suggestRetry), and as the small topic mesh
+// relays to at most GossipDhi peers, one of them could miss the other's
+// batches — in TestServePartitionHeal a majority member held a minority
+// member dead for 30 s after the heal. The caller is the event loop.
+func (m *Mesh) lost(p peer.ID, member bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.redials[p]; r != nil {
+		if r.lost && !member {
+			// A lost member came back and has now left: its loop ends.
+			delete(m.redials, p)
+			m.lostLoops--
+			r.gone.Store(true)
+			r.signal(true)
+			return
+		}
+		r.signal(false)
+		return
+	}
+	if !member || m.closed || !m.started || !m.gater.admits(p) {
+		return
+	}
+	if m.lostLoops >= maxLostRedials {
+		m.log.Debug("lost member not redialled: too many lost members", "peer", p.String(), "max", maxLostRedials)
+		return
+	}
+	addrs := m.h.Peerstore().Addrs(p)
+	if len(addrs) == 0 {
+		return
+	}
+	r := &redial{down: make(chan struct{}, 1), wake: make(chan struct{}, 1), lost: true}
+	m.redials[p] = r
+	m.lostLoops++
+	m.wg.Add(1) // under mu: Close marks closed under mu before it waits
+	go m.keep(peer.AddrInfo{ID: p, Addrs: addrs}, r, nil)
+}
+
+// endLost ends the loop r of a lost member, unless a drop was signalled
+// to it meanwhile; it reports whether the loop is to return.
+func (m *Mesh) endLost(p peer.ID, r *redial) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(r.down) > 0 {
+		return false
+	}
+	delete(m.redials, p)
+	m.lostLoops--
+	return true
+}
+
+// keep keeps this member connected to the peer pi, a bootstrap peer or a
+// lost member (r.lost): it dials at once, and again with exponential
+// backoff whenever the connection is down, until Close — a lost member's
+// loop also ends once the peer is blocked or leaves the allowlist. first,
+// if not nil, is marked done after the first attempt. A connection that
+// drops before it has held for RedialMax (a peer that refuses us right
+// after the handshake) backs off like a failed dial, so a refusing peer
+// is never redialled in a tight loop.
 func (m *Mesh) keep(pi peer.AddrInfo, r *redial, first *sync.WaitGroup) {
 	defer m.wg.Done()
 	var once sync.Once
-	firstDone := func() { once.Do(first.Done) }
+	firstDone := func() {
+		if first != nil {
+			once.Do(first.Done)
+		}
+	}
 	defer firstDone()
 	m.h.Peerstore().AddAddrs(pi.ID, pi.Addrs, peerstore.PermanentAddrTTL)
 	addr := addrString(pi)
 	attempt := 0
 	var upSince time.Time
+	warn, msg := m.log.Warn, "cannot reach bootstrap peer; retrying"
+	if r.lost {
+		// A member lost to a partition is redialled every RedialMax
+		// for as long as the partition lasts: a warning each time would
+		// bury the fence's one error line.
+		warn, msg = m.log.Debug, "cannot reach a lost member; retrying"
+	}
 	// pause waits d, or until Unblock wakes the loop (which also resets
 	// the backoff); false means Close.
 	pause := func(d time.Duration) bool {
@@ -235,8 +418,11 @@ func (m *Mesh) keep(pi peer.AddrInfo, r *redial, first *sync.WaitGroup) {
 		}
 		return true
 	}
-	for m.ctx.Err() == nil {
+	for m.ctx.Err() == nil && !r.gone.Load() {
 		up := m.h.Network().Connectedness(pi.ID) == network.Connected
+		if r.lost && !up && !m.gater.admits(pi.ID) && m.endLost(pi.ID, r) {
+			return // Unblock dials a blocked peer itself
+		}
 		if up || !m.gater.admits(pi.ID) { // a peer that joins the allowlist wakes the loop (setAllowed)
 			firstDone()
 			if up && upSince.IsZero() {
@@ -277,7 +463,7 @@ func (m *Mesh) keep(pi peer.AddrInfo, r *redial, first *sync.WaitGroup) {
 		}
 		d := backoff(attempt, m.cfg.RedialMin, m.cfg.RedialMax, rand.Float64())
 		attempt++
-		m.log.Warn("cannot reach bootstrap peer; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
+		warn(msg, "peer", pi.ID.String(), "err", err, "retry_in", d.Round(time.Millisecond))
 		if !pause(d) {
 			return
 		}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
@@ -71,7 +72,9 @@ type Mesh struct {
 	busSub   event.Subscription
 	peersMu  sync.Mutex
 	peers    map[peer.ID]*peerState // written by the event loop only
-	redials  map[peer.ID]*redial    // loops of bootstrap peers
+	redials  map[peer.ID]*redial    // redial loops: bootstrap peers and lost members (keep)
+	// lostLoops counts the lost members' loops in redials, under mu.
+	lostLoops int
 
 	// deliver guards handler calls: Close takes it exclusively, so no
 	// call is under way or starts after Close returns.
@@ -94,6 +97,9 @@ type Mesh struct {
 
 	// probe is set while attach checks the PubSub's signing (attach.go).
 	probe atomic.Pointer[probe]
+	// subscribeGrace is subscribeGrace but in tests (subscriptions).
+	subscribeGrace time.Duration
+
 	// inflight are the inbound sync and forward streams being served,
 	// under mu; Close resets them and waits for their handlers (wg).
 	inflight map[network.Stream]struct{}
@@ -110,12 +116,13 @@ const (
 	evProtocols                // a peer announced new protocols
 	evBlocked                  // Block on an attached Mesh: the connection stays
 	evUnblocked                // Unblock on an attached Mesh whose connection stayed
+	evLeaving                  // the peer announced that it leaves (a batch with crdt.FlagLeaving)
 )
 
 type connEvent struct {
 	kind   evKind
 	c      network.Conn // evUp, evDown, evIdentified
-	p      peer.ID      // evProtocols, evBlocked, evUnblocked
+	p      peer.ID      // evProtocols, evBlocked, evUnblocked, evLeaving
 	protos []protocol.ID
 }
 
@@ -129,12 +136,22 @@ type peerState struct {
 	// can lose a connected peer's protocols (seen under load on a
 	// service's host between Block and Unblock).
 	speaks bool
+	// leaving: the peer announced that it leaves; its connections
+	// closing is no loss to redial.
+	leaving bool
+	// since: when the peer was announced (subscriptions; under peersMu).
+	since time.Time
 }
 
-// redial wakes the redial loop of one bootstrap peer.
+// redial wakes the redial loop of one peer (keep).
 type redial struct {
 	down chan struct{} // its last connection closed
 	wake chan struct{} // Unblock: try now, with a fresh backoff
+	// lost: the peer is a member whose last connection closed, not a
+	// bootstrap peer. Its loop ends once the peer is blocked or off the
+	// allowlist, and is not started for more than maxLostRedials peers.
+	lost bool
+	gone atomic.Bool // the lost member left: its loop ends (lost)
 }
 
 // New builds the host and its gossipsub router and starts listening; the
@@ -241,19 +258,20 @@ func newMember(cfg Config, self peer.ID) *Mesh {
 	}
 	allow := newAllowlist(self, cfg.allowlistOn())
 	m := &Mesh{
-		cfg:       cfg,
-		log:       log.With("component", "mesh"),
-		self:      self,
-		selfStr:   self.String(),
-		allow:     allow,
-		gater:     newGater(allow),
-		topicName: "/ratemesh/1/" + cfg.Namespace,
-		syncProto: protocol.ID("/ratemesh/1/" + cfg.Namespace + "/sync"),
-		connTag:   "ratemesh/" + cfg.Namespace,
-		evSig:     make(chan struct{}, 1),
-		peers:     make(map[peer.ID]*peerState),
-		redials:   make(map[peer.ID]*redial),
-		inflight:  make(map[network.Stream]struct{}),
+		cfg:            cfg,
+		log:            log.With("component", "mesh"),
+		self:           self,
+		selfStr:        self.String(),
+		allow:          allow,
+		gater:          newGater(allow),
+		topicName:      "/ratemesh/1/" + cfg.Namespace,
+		syncProto:      protocol.ID("/ratemesh/1/" + cfg.Namespace + "/sync"),
+		connTag:        "ratemesh/" + cfg.Namespace,
+		evSig:          make(chan struct{}, 1),
+		peers:          make(map[peer.ID]*peerState),
+		redials:        make(map[peer.ID]*redial),
+		subscribeGrace: subscribeGrace,
+		inflight:       make(map[network.Stream]struct{}),
 	}
 	m.wire = &wire{sync: m.syncProto}
 	m.trace = newTracer(m.topicName)
@@ -378,6 +396,10 @@ func (m *Mesh) start(h node.Handler) (*sync.WaitGroup, error) {
 	go m.events()
 	go m.busEvents(bus)
 	go m.read(sub)
+	if m.owned {
+		m.wg.Add(1)
+		go m.subscriptions(m.topic)
+	}
 
 	if m.cfg.MDNS {
 		m.disc = mdns.NewMdnsService(m.h, mdnsService(m.cfg.Namespace), mdnsNotifee{m})
@@ -554,6 +576,11 @@ func (m *Mesh) deliverBatch(in node.Inbound) {
 	if in.Direct && len(in.Batch.Members) > 0 {
 		m.learnAddrs(in.Batch.Members)
 	}
+	if in.Batch.Has(crdt.FlagLeaving) {
+		if p, err := peer.Decode(in.Batch.From.Peer); err == nil {
+			m.push(connEvent{kind: evLeaving, p: p})
+		}
+	}
 	m.handler.HandleBatch(in)
 }
 
@@ -663,6 +690,12 @@ type Stats struct {
 	// has a gater: they stay 0 for an attached one.
 	PeerConnected, DialFailures, Refused uint64
 	RefusedConns                         [NumConnReasons]uint64
+	// Resets counts members whose connections were all closed to start
+	// afresh: a member that dialled in while an older connection to it
+	// stayed open (half-open since a cut), or one that gossipsub stopped
+	// counting as subscribed (see Mesh.subscriptions). Only a Mesh built
+	// by New resets: it stays 0 for an attached one.
+	Resets uint64
 	// Wire bytes carried by libp2p streams (after multiplexing, before
 	// encryption and transport framing): in total, over gossipsub, and
 	// over the sync protocol. Only a Mesh built by New counts them (a
@@ -679,7 +712,7 @@ type counters struct {
 	directReceived, directReceivedBytes atomic.Uint64
 	rejectedGossip, rejectedDirect      [NumReasons]atomic.Uint64
 	rejectedForward, external           [NumReasons]atomic.Uint64
-	peerConnected, dialFailures         atomic.Uint64
+	peerConnected, dialFailures, resets atomic.Uint64
 	unsigned, rpcOversize               atomic.Uint64
 }
 
@@ -694,7 +727,7 @@ func (m *Mesh) Stats() Stats {
 		DroppedOutbound:   m.trace.droppedRPC.Load(),
 		DroppedValidation: m.trace.validationDropped.Load(),
 		DroppedSubscriber: m.trace.undeliverable.Load(),
-		PeerConnected:     m.st.peerConnected.Load(), DialFailures: m.st.dialFailures.Load(),
+		PeerConnected:     m.st.peerConnected.Load(), DialFailures: m.st.dialFailures.Load(), Resets: m.st.resets.Load(),
 		WireIn: uint64(m.wire.in.Load()), WireOut: uint64(m.wire.out.Load()),
 		GossipWireIn: uint64(m.wire.gossipIn.Load()), GossipWireOut: uint64(m.wire.gossipOut.Load()),
 		SyncWireIn: uint64(m.wire.syncIn.Load()), SyncWireOut: uint64(m.wire.syncOut.Load()),

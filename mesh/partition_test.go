@@ -2,9 +2,14 @@ package mesh
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/internal/testutil"
@@ -130,4 +135,117 @@ func TestPeerConnectedBeforeStart(t *testing.T) {
 	if !ra.has(b.PeerID(), "hello") {
 		t.Error("anti-entropy answer lost")
 	}
+}
+
+// TestRedialLostMember: when the connection between two members drops and
+// neither is the other's bootstrap peer, they redial each other. Before,
+// only bootstrap peers were redialled, and two members a partition had
+// parted stayed apart after it healed (TestServePartitionHeal).
+func TestRedialLostMember(t *testing.T) {
+	t.Parallel()
+	a, ra := startMesh(t, testConfig(t))
+	b, rb := startMesh(t, testConfig(t))
+	if err := b.Connect(context.Background(), tcpAddr(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return ra.connectedCount(b.PeerID()) == 1 && rb.connectedCount(a.PeerID()) == 1, "first PeerConnected on both sides"
+	})
+	if err := a.Host().Network().ClosePeer(b.Host().ID()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return ra.connectedCount(b.PeerID()) == 2 && rb.connectedCount(a.PeerID()) == 2 && connected(a, b),
+			fmt.Sprintf("A and B redial each other (PeerConnected %d and %d times)", ra.connectedCount(b.PeerID()), rb.connectedCount(a.PeerID()))
+	})
+}
+
+// TestNoRedialAfterLeave: a member that announced it leaves is not
+// redialled once its connection closes; one that went silent without a
+// word is, and a blocked one is not.
+func TestNoRedialAfterLeave(t *testing.T) {
+	t.Parallel()
+	a, ra := startMesh(t, testConfig(t))
+	join := func() *Mesh {
+		m, _ := startMesh(t, testConfig(t))
+		if err := m.Connect(context.Background(), tcpAddr(t, a)); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 5*time.Second, func() (bool, string) { return ra.connectedCount(m.PeerID()) == 1, "PeerConnected" })
+		return m
+	}
+	leaver, crasher, blocked := join(), join(), join()
+
+	lb := batch(leaver.PeerID(), 1, "bye", 1)
+	lb.Flags |= crdt.FlagLeaving
+	if err := leaver.Publish(context.Background(), lb); err != nil {
+		t.Fatal(err)
+	}
+	if !ra.has(leaver.PeerID(), "bye") {
+		t.Fatal("the leave announcement did not reach A before Publish returned")
+	}
+	for _, m := range []*Mesh{leaver, crasher} {
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Block(blocked.PeerID()); err != nil {
+		t.Fatal(err)
+	}
+	redialled := func(m *Mesh) bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.redials[pid(t, m)] != nil
+	}
+	gone := func(m *Mesh) bool { // A's event loop handled the loss
+		a.peersMu.Lock()
+		defer a.peersMu.Unlock()
+		return a.peers[pid(t, m)] == nil
+	}
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return gone(leaver) && gone(crasher) && gone(blocked), "A lost all three"
+	})
+	if !redialled(crasher) {
+		t.Error("A does not redial a member that went silent")
+	}
+	if redialled(leaver) {
+		t.Error("A redials a member that announced it leaves")
+	}
+	if redialled(blocked) {
+		t.Error("A redials a member it blocked")
+	}
+}
+
+// TestResetUnsubscribedMember: a connected member that gossipsub does not
+// count among the topic's subscribers past the grace — here a real host
+// that speaks our sync protocol and never joins the topic; in production
+// one whose subscription gossipsub forgot when a duplicate connection
+// closed — has its connections reset, so both sides start afresh.
+func TestResetUnsubscribedMember(t *testing.T) {
+	t.Parallel()
+	a := newMesh(t, testConfig(t))
+	a.subscribeGrace = 300 * time.Millisecond
+	ra := &recorder{}
+	if err := a.Start(context.Background(), ra); err != nil {
+		t.Fatal(err)
+	}
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(), libp2p.DisableMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	h.SetStreamHandler(a.syncProto, func(s network.Stream) { s.Reset() })
+	pi, err := peer.AddrInfoFromString(tcpAddr(t, a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Connect(context.Background(), *pi); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return ra.connectedCount(h.ID().String()) == 1, "A announces the host"
+	})
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return a.Stats().Resets >= 1, "A resets the connection"
+	})
 }
