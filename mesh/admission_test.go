@@ -290,6 +290,7 @@ func TestRefusalsCounted(t *testing.T) {
 	a, ra := startMesh(t, cfg)
 	raw := newRawPeer(t, a.Topic())
 	raw.connect(t, a)
+	raw.quiet()
 	self := raw.h.ID()
 
 	// 3 MiB in one RPC: over gossipsub's cap of MaxMessageBytes + 64 KiB.

@@ -25,7 +25,17 @@ type rawPeer struct {
 	h     host.Host
 	ps    *pubsub.PubSub
 	topic *pubsub.Topic
+	stop  context.CancelFunc // ends ps (quiet)
 }
+
+// quiet stops the raw peer's own gossipsub router, once connect has seen
+// the mesh subscribed, so that only the RPCs sendRPC writes by hand reach
+// the mesh. Gossipsub keeps one inbound stream per peer and resets the
+// previous one when another opens: the router's own writer, respawned
+// after the mesh reset its stream, would otherwise reset a hand-written
+// stream before the mesh read it (TestRefusalsCounted failed so under two
+// busy loops, its 40 messages never read).
+func (r *rawPeer) quiet() { r.stop() }
 
 func newRawPeer(t *testing.T, topic string) *rawPeer {
 	t.Helper()
@@ -45,7 +55,7 @@ func newRawPeer(t *testing.T, topic string) *rawPeer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &rawPeer{h: h, ps: ps, topic: tp}
+	return &rawPeer{h: h, ps: ps, topic: tp, stop: cancel}
 }
 
 func (r *rawPeer) connect(t *testing.T, m *Mesh) {
