@@ -316,7 +316,10 @@ func (r *redial) signal(wake bool) {
 // member costs a parked goroutine and, while unreachable, a dial every
 // RedialMax. Without an allowlist any peer that speaks our protocol is a
 // member, so the bound keeps a peer that connects under many identities
-// and drops them from costing more.
+// and drops them from costing more; and members that restart under a new
+// identity (a data directory on no volume) leave one behind each. At the
+// bound the loop of the member lost longest ago that is still not
+// connected ends, so the members lost last are always redialled.
 const maxLostRedials = 1024
 
 // lost handles the end of p's last connection: a bootstrap peer's loop
@@ -342,25 +345,48 @@ func (m *Mesh) lost(p peer.ID, member bool) {
 			r.signal(true)
 			return
 		}
+		r.lostAt = time.Now()
 		r.signal(false)
 		return
 	}
 	if !member || m.closed || !m.started || !m.gater.admits(p) {
 		return
 	}
-	if m.lostLoops >= maxLostRedials {
-		m.log.Debug("lost member not redialled: too many lost members", "peer", p.String(), "max", maxLostRedials)
-		return
-	}
 	addrs := m.h.Peerstore().Addrs(p)
 	if len(addrs) == 0 {
 		return
 	}
-	r := &redial{down: make(chan struct{}, 1), wake: make(chan struct{}, 1), lost: true}
+	if m.lostLoops >= m.maxLost && !m.forgetLost() {
+		m.log.Debug("lost member not redialled: too many lost members, all connected", "peer", p.String(), "max", m.maxLost)
+		return
+	}
+	r := &redial{down: make(chan struct{}, 1), wake: make(chan struct{}, 1), lost: true, lostAt: time.Now()}
 	m.redials[p] = r
 	m.lostLoops++
 	m.wg.Add(1) // under mu: Close marks closed under mu before it waits
 	go m.keep(peer.AddrInfo{ID: p, Addrs: addrs}, r, nil)
+}
+
+// forgetLost ends the loop of the member lost longest ago among those not
+// connected, and reports whether there was one. The caller holds mu.
+func (m *Mesh) forgetLost() bool {
+	var (
+		oldest peer.ID
+		or     *redial
+	)
+	for p, r := range m.redials {
+		if r.lost && (or == nil || r.lostAt.Before(or.lostAt)) && m.h.Network().Connectedness(p) != network.Connected {
+			oldest, or = p, r
+		}
+	}
+	if or == nil {
+		return false
+	}
+	delete(m.redials, oldest)
+	m.lostLoops--
+	or.gone.Store(true)
+	or.signal(true)
+	return true
 }
 
 // endLost ends the loop r of a lost member, unless a drop was signalled

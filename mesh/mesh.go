@@ -97,8 +97,10 @@ type Mesh struct {
 
 	// probe is set while attach checks the PubSub's signing (attach.go).
 	probe atomic.Pointer[probe]
-	// subscribeGrace is subscribeGrace but in tests (subscriptions).
+	// subscribeGrace is subscribeGrace, and maxLost maxLostRedials, but
+	// in tests.
 	subscribeGrace time.Duration
+	maxLost        int
 
 	// inflight are the inbound sync and forward streams being served,
 	// under mu; Close resets them and waits for their handlers (wg).
@@ -149,9 +151,11 @@ type redial struct {
 	wake chan struct{} // Unblock: try now, with a fresh backoff
 	// lost: the peer is a member whose last connection closed, not a
 	// bootstrap peer. Its loop ends once the peer is blocked or off the
-	// allowlist, and is not started for more than maxLostRedials peers.
-	lost bool
-	gone atomic.Bool // the lost member left: its loop ends (lost)
+	// allowlist, leaves, or is the one lost longest ago when more than
+	// maxLostRedials are (forgetLost).
+	lost   bool
+	lostAt time.Time   // when its last connection closed last, under mu
+	gone   atomic.Bool // its loop ends (lost, forgetLost)
 }
 
 // New builds the host and its gossipsub router and starts listening; the
@@ -271,6 +275,7 @@ func newMember(cfg Config, self peer.ID) *Mesh {
 		peers:          make(map[peer.ID]*peerState),
 		redials:        make(map[peer.ID]*redial),
 		subscribeGrace: subscribeGrace,
+		maxLost:        maxLostRedials,
 		inflight:       make(map[network.Stream]struct{}),
 	}
 	m.wire = &wire{sync: m.syncProto}

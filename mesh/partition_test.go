@@ -249,3 +249,42 @@ func TestResetUnsubscribedMember(t *testing.T) {
 		return a.Stats().Resets >= 1, "A resets the connection"
 	})
 }
+
+// TestLostRedialsBounded: at the bound on lost members redialled, the
+// member lost longest ago is forgotten for the one lost last.
+func TestLostRedialsBounded(t *testing.T) {
+	t.Parallel()
+	a := newMesh(t, testConfig(t))
+	a.maxLost = 1
+	ra := &recorder{}
+	if err := a.Start(context.Background(), ra); err != nil {
+		t.Fatal(err)
+	}
+	redialled := func(m *Mesh) bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.redials[pid(t, m)] != nil
+	}
+	var lost []*Mesh
+	for range 2 {
+		m, _ := startMesh(t, testConfig(t))
+		if err := m.Connect(context.Background(), tcpAddr(t, a)); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 5*time.Second, func() (bool, string) { return ra.connectedCount(m.PeerID()) == 1, "PeerConnected" })
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 5*time.Second, func() (bool, string) { return redialled(m), "A redials the member it lost" })
+		lost = append(lost, m)
+	}
+	if redialled(lost[0]) {
+		t.Error("A still redials the member lost first, over the bound of 1")
+	}
+	a.mu.Lock()
+	n := a.lostLoops
+	a.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d lost members' loops, want 1", n)
+	}
+}
