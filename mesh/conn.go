@@ -114,7 +114,7 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 			delete(m.peers, p)
 			m.trace.removePeer(p)
 			m.log.Debug("peer disconnected", "peer", p.String())
-			m.lost(p, st.announced && !st.leaving)
+			m.lost(p, st.announced && !st.leaving, st.addrs)
 		}
 	}
 	return "", false
@@ -138,7 +138,9 @@ func (m *Mesh) halfOpen(st *peerState, c network.Conn) bool {
 	}
 	opened := c.Stat().Opened
 	for o := range st.conns {
-		if opened.Sub(o.Stat().Opened) >= m.cfg.DialTimeout {
+		// A connection already closed whose end the event loop has not
+		// handled yet is no sign of a half-open one.
+		if !o.IsClosed() && opened.Sub(o.Stat().Opened) >= m.cfg.DialTimeout {
 			return true
 		}
 	}
@@ -227,6 +229,7 @@ func (m *Mesh) announce(p peer.ID, st *peerState, protos []protocol.ID) bool {
 	}
 	st.announced = true
 	st.since = time.Now()
+	st.addrs = m.h.Peerstore().Addrs(p)
 	m.protect(p, st)
 	return true
 }
@@ -333,7 +336,7 @@ const maxLostRedials = 1024
 // relays to at most GossipDhi peers, one of them could miss the other's
 // batches — in TestServePartitionHeal a majority member held a minority
 // member dead for 30 s after the heal. The caller is the event loop.
-func (m *Mesh) lost(p peer.ID, member bool) {
+func (m *Mesh) lost(p peer.ID, member bool, known []ma.Multiaddr) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if r := m.redials[p]; r != nil {
@@ -353,6 +356,9 @@ func (m *Mesh) lost(p peer.ID, member bool) {
 		return
 	}
 	addrs := m.h.Peerstore().Addrs(p)
+	if len(addrs) == 0 {
+		addrs = known // the addresses it had when it was announced
+	}
 	if len(addrs) == 0 {
 		return
 	}

@@ -23,6 +23,7 @@ import (
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/node"
@@ -141,8 +142,10 @@ type peerState struct {
 	// leaving: the peer announced that it leaves; its connections
 	// closing is no loss to redial.
 	leaving bool
-	// since: when the peer was announced (subscriptions; under peersMu).
+	// since: when the peer was announced (subscriptions; under peersMu),
+	// and addrs its addresses then, to redial it once lost (lost).
 	since time.Time
+	addrs []ma.Multiaddr
 }
 
 // redial wakes the redial loop of one peer (keep).

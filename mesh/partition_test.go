@@ -154,8 +154,12 @@ func TestRedialLostMember(t *testing.T) {
 	if err := a.Host().Network().ClosePeer(b.Host().ID()); err != nil {
 		t.Fatal(err)
 	}
+	// Both redial, and at least one side announces the other again (a
+	// side whose new connection opened before it handled the old one's
+	// end sees no gap, and announces nothing new).
 	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
-		return ra.connectedCount(b.PeerID()) == 2 && rb.connectedCount(a.PeerID()) == 2 && connected(a, b),
+		again := ra.connectedCount(b.PeerID()) == 2 || rb.connectedCount(a.PeerID()) == 2
+		return again && connected(a, b) && connected(b, a),
 			fmt.Sprintf("A and B redial each other (PeerConnected %d and %d times)", ra.connectedCount(b.PeerID()), rb.connectedCount(a.PeerID()))
 	})
 }
@@ -206,7 +210,7 @@ func TestNoRedialAfterLeave(t *testing.T) {
 		return gone(leaver) && gone(crasher) && gone(blocked), "A lost all three"
 	})
 	if !redialled(crasher) {
-		t.Error("A does not redial a member that went silent")
+		t.Errorf("A does not redial a member that went silent (its addresses: %v)", a.Host().Peerstore().Addrs(pid(t, crasher)))
 	}
 	if redialled(leaver) {
 		t.Error("A redials a member that announced it leaves")
