@@ -5,10 +5,23 @@ import "math"
 // Window holds the counters of one (rule, key, window_ms, window index): the
 // admitted credits and the attempted credits (admitted plus rejected, the
 // demand signal), one value per slot each.
+//
+// A window is 128 bytes, a size class whose objects start on a cache
+// line: a merge reads WindowMs, Index and Admitted from the first line and
+// Attempted from the second (TestWindowLayout). A window written by one
+// member holds its counters in those 128 bytes and nothing else.
 type Window struct {
-	WindowMs  int64    // the window length in milliseconds; part of the identity
-	Index     int64    // floor(mesh_ms / WindowMs)
-	Admitted  GCounter // admitted credits per slot
+	WindowMs int64    // the window length in milliseconds; part of the identity
+	Index    int64    // floor(mesh_ms / WindowMs)
+	Admitted GCounter // admitted credits per slot
+
+	// Sizes (in SlotIDs) of the arrays the window before this one (same
+	// length) held when this one was created: a key that many writers
+	// wrote keeps them, so this window's counters start as arrays that
+	// size, interleaved if the window before had them interleaved.
+	hintPair int32
+	dirty    bool
+
 	Attempted GCounter // attempted credits per slot (≥ admitted)
 
 	// Acked is owner-side bookkeeping, never replicated: the owner's own
@@ -17,20 +30,8 @@ type Window struct {
 	// seen yet.
 	Acked uint64
 
-	series *Series
-	dirty  bool
-	// Sizes (in SlotIDs) of the arrays the window before this one (same
-	// length) held when this one was created: a key that many writers
-	// wrote keeps them, so this window's counters start as arrays that
-	// size, interleaved if the window before had them interleaved.
-	hintPair, hintAdm, hintAtt int32
-
-	// Pads the window to 192 bytes, a size class whose objects start on a
-	// cache line: a merge then reads WindowMs, Index and Admitted's dense
-	// fields from the first line and Attempted's from the second, two
-	// cache misses where a window that straddled lines cost three
-	// (TestWindowLayout).
-	_ [16]byte
+	series           *Series
+	hintAdm, hintAtt int32 // as hintPair, for each counter alone
 }
 
 // Raise merges one slot's admitted and attempted values, exactly as
@@ -74,7 +75,7 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 // time rather than the few a loop of raises overlaps (node.Core.StepMany).
 func (w *Window) Touch(id SlotID) byte {
 	a := &w.Admitted
-	if c := int(id) * int(a.step) * int(a.w); c < len(a.d) {
+	if c := int(id) * int(a.step) * int(a.w); a.w != 0 && c < len(a.d) {
 		return a.d[c]
 	}
 	return 0
@@ -123,7 +124,7 @@ type Series struct {
 	leasesDirty bool
 	// where the series waits for Collect, and due in which bucket
 	// (expiry.go); where shares leasesDirty's word, so the series stays in
-	// the 208-byte size class.
+	// the 160-byte size class (TestSeriesLayout).
 	where uint8
 	due   int64
 	// last is the window Window last found or created: merges and

@@ -101,9 +101,6 @@ func (f footprint) sum() int {
 func footprintOf(c *Container) footprint {
 	var f footprint
 	counter := func(g *GCounter, seen map[*byte]bool) {
-		if cap(g.vals) > 0 {
-			f.counters += allocSize(cap(g.vals) * int(unsafe.Sizeof(slotVal{})))
-		}
 		if cap(g.d) > 0 {
 			// A paired counter's array is the other's, one cell on.
 			p := unsafe.SliceData(g.d)
