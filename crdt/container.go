@@ -190,23 +190,24 @@ func (w *Window) hint(p *Window) {
 	}
 }
 
-// RuleSet holds the series of one rule, by key.
+// RuleSet holds the series of one rule, by key. A key's string is held
+// once, in its series (keyTable).
 type RuleSet struct {
 	Name string
-	keys map[string]*Series
+	keys keyTable
 	c    *Container
 }
 
 // Series returns the series of key, or nil.
-func (r *RuleSet) Series(key string) *Series { return r.keys[key] }
+func (r *RuleSet) Series(key string) *Series { return r.keys.get(key) }
 
 // Ensure returns the series of key, creating it if needed.
 func (r *RuleSet) Ensure(key string) *Series {
-	if s := r.keys[key]; s != nil {
+	if s := r.keys.get(key); s != nil {
 		return s
 	}
 	s := &Series{Key: key, rule: r}
-	r.keys[key] = s
+	r.keys.put(s)
 	// A new series may get no window (a lease counter never raised), and
 	// Collect deletes such a one: it looks at every new series that has
 	// no window by then.
@@ -216,15 +217,12 @@ func (r *RuleSet) Ensure(key string) *Series {
 }
 
 // Len returns how many keys the rule holds.
-func (r *RuleSet) Len() int { return len(r.keys) }
+func (r *RuleSet) Len() int { return r.keys.n }
 
-// Each calls f for every series; the order is unspecified, so callers that
-// need determinism sort.
-func (r *RuleSet) Each(f func(*Series)) {
-	for _, s := range r.keys {
-		f(s)
-	}
-}
+// Each calls f for every series; the order is unspecified (it differs from
+// run to run, as a map's does), so callers that need determinism sort. f
+// must not add keys to the rule or drop any.
+func (r *RuleSet) Each(f func(*Series)) { r.keys.each(f) }
 
 // Container holds every rule's windowed counters and lease counters, and the
 // set of windows and lease counters whose own slot changed since the last
@@ -247,7 +245,7 @@ func (c *Container) Rule(name string) *RuleSet {
 	if r := c.rules[name]; r != nil {
 		return r
 	}
-	r := &RuleSet{Name: name, keys: make(map[string]*Series), c: c}
+	r := &RuleSet{Name: name, keys: newKeyTable(), c: c}
 	c.rules[name] = r
 	return r
 }

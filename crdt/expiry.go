@@ -285,7 +285,7 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 	noLeases := s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0
 	switch {
 	case len(kept) == 0 && noLeases && !s.leasesDirty:
-		delete(s.rule.keys, s.Key)
+		s.rule.keys.del(s.Key)
 		s.where = gone
 	case again || (len(kept) == 0 && noLeases):
 		c.expiry.pushLater(s)

@@ -14,7 +14,9 @@ import (
 func walkCollect(c *Container, nowMs int64) int {
 	dropped := 0
 	for _, r := range c.rules {
-		for key, s := range r.keys {
+		var all []*Series
+		r.Each(func(s *Series) { all = append(all, s) })
+		for _, s := range all {
 			kept := s.Windows[:0]
 			for _, w := range s.Windows {
 				if w.Expired(nowMs) && !w.dirty {
@@ -29,7 +31,7 @@ func walkCollect(c *Container, nowMs int64) int {
 			s.Windows = kept
 			s.last = nil
 			if len(s.Windows) == 0 && s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0 && !s.leasesDirty {
-				delete(r.keys, key)
+				r.keys.del(s.Key)
 			}
 		}
 	}
@@ -41,14 +43,15 @@ func walkCollect(c *Container, nowMs int64) int {
 func dump(c *Container) string {
 	var lines []string
 	for name, r := range c.rules {
-		for key, s := range r.keys {
+		r.Each(func(s *Series) {
+			key := s.Key
 			var b strings.Builder
 			fmt.Fprintf(&b, "%s/%s leases %d/%d dirty %v:", name, key, s.Leases.P.Value(), s.Leases.N.Value(), s.leasesDirty)
 			for _, w := range s.Windows {
 				fmt.Fprintf(&b, " %d/%d=%d,%v", w.WindowMs, w.Index, w.Admitted.Value(), w.dirty)
 			}
 			lines = append(lines, b.String())
-		}
+		})
 	}
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
@@ -252,9 +255,7 @@ func TestSeriesLayout(t *testing.T) {
 
 func keysOf(r *RuleSet) []string {
 	var keys []string
-	for k := range r.keys {
-		keys = append(keys, k)
-	}
+	r.Each(func(s *Series) { keys = append(keys, s.Key) })
 	slices.Sort(keys)
 	return keys
 }

@@ -20,8 +20,7 @@ import (
 //   - winslice-B: each series' slice of window pointers;
 //   - key-B: the key strings, at their allocation size;
 //   - expiry-B: the expiry queue's entries (bucket slices and heap);
-//   - map-B: the rule's map by key, measured as a map of as many entries
-//     built the same way;
+//   - map-B: the rule's table by key (keyTable);
 //   - rest-B: the heap measured less all of the above (what the walk does
 //     not see: the tiny allocator's packing, the dirty lists' slack).
 //
@@ -61,7 +60,7 @@ func keyBytes(b *testing.B, keys, writers int) {
 	c.TakeDirty()
 	total := liveHeap() - base
 	fp := footprintOf(c)
-	m := mapBytes(r)
+	m := tableBytes(r)
 	n := float64(keys)
 	b.ReportMetric(float64(total)/n, "B/key")
 	b.ReportMetric(float64(fp.windows)/n, "window-B")
@@ -113,9 +112,9 @@ func footprintOf(c *Container) footprint {
 	}
 	seen := map[*byte]bool{}
 	for _, r := range c.rules {
-		for k, s := range r.keys {
+		r.Each(func(s *Series) {
 			f.series += allocSize(int(unsafe.Sizeof(*s)))
-			f.keys += allocSize(len(k))
+			f.keys += allocSize(len(s.Key))
 			f.winSlices += allocSize(cap(s.Windows) * int(unsafe.Sizeof(s)))
 			counter(&s.Leases.P, seen)
 			counter(&s.Leases.N, seen)
@@ -125,7 +124,7 @@ func footprintOf(c *Container) footprint {
 				counter(&w.Attempted, seen)
 			}
 			clear(seen)
-		}
+		})
 	}
 	q := &c.expiry
 	ptr := int(unsafe.Sizeof(&Series{}))
@@ -136,22 +135,18 @@ func footprintOf(c *Container) footprint {
 	return f
 }
 
-// mapBytes returns the heap a map of r's keys to series takes, built
-// like r's, one entry at a time.
-func mapBytes(r *RuleSet) uint64 {
-	keys := make([]string, 0, len(r.keys))
-	for k := range r.keys {
-		keys = append(keys, k)
+// tableBytes returns what r's table by key takes: its directory and
+// segments.
+func tableBytes(r *RuleSet) int {
+	t := &r.keys
+	n := allocSize(cap(t.dir) * 8)
+	for i, s := range t.dir {
+		if i > 0 && t.dir[i-1] == s {
+			continue
+		}
+		n += allocSize(int(unsafe.Sizeof(*s))) + allocSize(cap(s.slots)*8) + allocSize(cap(s.tags))
 	}
-	base := liveHeap()
-	m := make(map[string]*Series)
-	for _, k := range keys {
-		m[k] = nil
-	}
-	got := liveHeap() - base
-	runtime.KeepAlive(m)
-	runtime.KeepAlive(keys)
-	return got
+	return n
 }
 
 // allocSize returns the bytes an allocation of n bytes takes: its size
