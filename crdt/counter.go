@@ -416,10 +416,20 @@ func (g *GCounter) Add(id SlotID, d uint64) {
 	if d == 0 {
 		return
 	}
-	// Sparse with few writers and the slot present (the owner's, on
-	// every decision after its first): find it here and add in place,
-	// where Raise(id, Get(id)+d) would search for it twice.
-	if g.w == 0 {
+	// The slot present (the owner's, on every decision after its first):
+	// find it here and add in place, where Raise(id, Get(id)+d) would
+	// look for it twice.
+	if g.w != 0 {
+		if c := int(id) * int(g.step); c < g.cells() {
+			old := load(g.d, g.w, c)
+			if nv := satAdd(old, d); nv <= cellMax(g.w) {
+				store(g.d, g.w, c, nv)
+				g.n += uint32(b2i(old == 0))
+				g.total = satAdd(g.total, nv-old)
+				return
+			}
+		}
+	} else {
 		if len(g.d) == 0 {
 			if g.total == 0 || SlotID(g.n) == id { // none yet, or the one slot
 				g.n, g.total = uint32(id), satAdd(g.total, d)
