@@ -111,7 +111,8 @@ func (w *Window) Expired(nowMs int64) bool { return nowMs >= w.CollectAt() }
 func (w *Window) CollectAt() int64 { return (w.Index + 2) * w.WindowMs }
 
 // Series is everything held for one (rule, key): its windows, ascending by
-// (WindowMs, Index), and for concurrency rules its lease counter.
+// (WindowMs, Index), and for concurrency rules its lease counter. A series
+// is used through its pointer, never copied: Windows may point into it.
 type Series struct {
 	Key     string
 	Windows []*Window
@@ -127,9 +128,10 @@ type Series struct {
 	// the 160-byte size class (TestSeriesLayout).
 	where uint8
 	due   int64
-	// last is the window Window last found or created: merges and
-	// decisions mostly hit the current window again. Collect clears it.
-	last *Window
+	// one holds the series' first window, as Windows' array while it has
+	// room: a key touched in one window (most keys) needs no array of its
+	// own. A second window moves Windows to an array of its own.
+	one [1]*Window
 }
 
 // Rule returns the rule set the series belongs to.
@@ -137,13 +139,9 @@ func (s *Series) Rule() *RuleSet { return s.rule }
 
 // Window returns the window (windowMs, index), or nil.
 func (s *Series) Window(windowMs, index int64) *Window {
-	if w := s.last; w != nil && w.WindowMs == windowMs && w.Index == index {
-		return w
-	}
 	// Newest first: Windows ascends, and the current window is the last.
 	for i := len(s.Windows) - 1; i >= 0; i-- {
 		if w := s.Windows[i]; w.WindowMs == windowMs && w.Index == index {
-			s.last = w
 			return w
 		}
 	}
@@ -167,10 +165,12 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 		}
 		i--
 	}
+	if s.Windows == nil {
+		s.Windows = s.one[:0]
+	}
 	s.Windows = append(s.Windows, nil)
 	copy(s.Windows[i+1:], s.Windows[i:])
 	s.Windows[i] = w
-	s.last = w
 	s.rule.c.queueWindow(s, w)
 	return w
 }

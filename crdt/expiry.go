@@ -279,9 +279,6 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 		s.Windows[i] = nil
 	}
 	s.Windows = kept
-	if dropped > 0 {
-		s.last = nil
-	}
 	noLeases := s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0
 	switch {
 	case len(kept) == 0 && noLeases && !s.leasesDirty:

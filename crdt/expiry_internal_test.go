@@ -29,7 +29,6 @@ func walkCollect(c *Container, nowMs int64) int {
 				s.Windows[i] = nil
 			}
 			s.Windows = kept
-			s.last = nil
 			if len(s.Windows) == 0 && s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0 && !s.leasesDirty {
 				r.keys.del(s.Key)
 			}
@@ -258,4 +257,24 @@ func keysOf(r *RuleSet) []string {
 	r.Each(func(s *Series) { keys = append(keys, s.Key) })
 	slices.Sort(keys)
 	return keys
+}
+
+// TestSeriesFirstWindowInPlace checks that a series' first window needs
+// no array of its own, and that its windows stay in order as more come
+// and go.
+func TestSeriesFirstWindowInPlace(t *testing.T) {
+	c := NewContainer()
+	s := c.Rule("r").Ensure("k")
+	w5 := s.EnsureWindow(1000, 5)
+	if unsafe.SliceData(s.Windows) != &s.one[0] || len(s.Windows) != 1 {
+		t.Fatalf("the first window is in an array of its own")
+	}
+	w4, w6 := s.EnsureWindow(1000, 4), s.EnsureWindow(1000, 6)
+	if !slices.Equal(s.Windows, []*Window{w4, w5, w6}) || s.one[0] != w5 {
+		t.Fatalf("windows %v, want 4, 5, 6", s.Windows)
+	}
+	c.Collect(7000) // 4 and 5 are collectable, 6 is not
+	if !slices.Equal(s.Windows, []*Window{w6}) || s.Window(1000, 5) != nil || s.Window(1000, 6) != w6 {
+		t.Fatalf("after a collection: windows %v, want 6", s.Windows)
+	}
 }

@@ -115,7 +115,9 @@ func footprintOf(c *Container) footprint {
 		r.Each(func(s *Series) {
 			f.series += allocSize(int(unsafe.Sizeof(*s)))
 			f.keys += allocSize(len(s.Key))
-			f.winSlices += allocSize(cap(s.Windows) * int(unsafe.Sizeof(s)))
+			if unsafe.SliceData(s.Windows) != &s.one[0] {
+				f.winSlices += allocSize(cap(s.Windows) * int(unsafe.Sizeof(s)))
+			}
 			counter(&s.Leases.P, seen)
 			counter(&s.Leases.N, seen)
 			for _, w := range s.Windows {
