@@ -11,6 +11,10 @@ const (
 	segMax = 1024
 	// segMin is the slots a new table's one segment starts with.
 	segMin = 8
+	// depthMax bounds the bits of the hash a segment's keys share: a
+	// segment that deep doubles instead of splitting (only keys whose
+	// hashes agree on 48 bits would take it there).
+	depthMax = 48
 )
 
 // keyTable is a rule's series by key: a hash table of *Series that keeps
@@ -122,9 +126,9 @@ func (s *keySeg) insert(e *Series, h uint64) {
 }
 
 // grow makes room in s, the segment of hash h: it doubles s below segMax
-// slots, and otherwise splits it.
+// slots (or at depthMax), and otherwise splits it.
 func (t *keyTable) grow(s *keySeg, h uint64) {
-	if len(s.slots) < segMax {
+	if len(s.slots) < segMax || s.depth >= depthMax {
 		old := *s
 		s.slots, s.tags, s.n = make([]*Series, 2*len(old.slots)), make([]uint8, 2*len(old.tags)), 0
 		for i, e := range old.slots {
