@@ -5,10 +5,23 @@ import "math"
 // Window holds the counters of one (rule, key, window_ms, window index): the
 // admitted credits and the attempted credits (admitted plus rejected, the
 // demand signal), one value per slot each.
+//
+// A window is 128 bytes, a size class whose objects start on a cache
+// line: a merge reads WindowMs, Index and Admitted from the first line and
+// Attempted from the second (TestWindowLayout). A window written by one
+// member holds its counters in those 128 bytes and nothing else.
 type Window struct {
-	WindowMs  int64    // the window length in milliseconds; part of the identity
-	Index     int64    // floor(mesh_ms / WindowMs)
-	Admitted  GCounter // admitted credits per slot
+	WindowMs int64    // the window length in milliseconds; part of the identity
+	Index    int64    // floor(mesh_ms / WindowMs)
+	Admitted GCounter // admitted credits per slot
+
+	// Sizes (in SlotIDs) of the arrays the window before this one (same
+	// length) held when this one was created: a key that many writers
+	// wrote keeps them, so this window's counters start as arrays that
+	// size, interleaved if the window before had them interleaved.
+	hintPair int32
+	dirty    bool
+
 	Attempted GCounter // attempted credits per slot (≥ admitted)
 
 	// Acked is owner-side bookkeeping, never replicated: the owner's own
@@ -17,20 +30,8 @@ type Window struct {
 	// seen yet.
 	Acked uint64
 
-	series *Series
-	dirty  bool
-	// Sizes (in SlotIDs) of the arrays the window before this one (same
-	// length) held when this one was created: a key that many writers
-	// wrote keeps them, so this window's counters start as arrays that
-	// size, interleaved if the window before had them interleaved.
-	hintPair, hintAdm, hintAtt int32
-
-	// Pads the window to 192 bytes, a size class whose objects start on a
-	// cache line: a merge then reads WindowMs, Index and Admitted's dense
-	// fields from the first line and Attempted's from the second, two
-	// cache misses where a window that straddled lines cost three
-	// (TestWindowLayout).
-	_ [16]byte
+	series           *Series
+	hintAdm, hintAtt int32 // as hintPair, for each counter alone
 }
 
 // Raise merges one slot's admitted and attempted values, exactly as
@@ -74,7 +75,7 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 // time rather than the few a loop of raises overlaps (node.Core.StepMany).
 func (w *Window) Touch(id SlotID) byte {
 	a := &w.Admitted
-	if c := int(id) * int(a.step) * int(a.w); c < len(a.d) {
+	if c := int(id) * int(a.step) * int(a.w); a.w != 0 && c < len(a.d) {
 		return a.d[c]
 	}
 	return 0
@@ -110,7 +111,8 @@ func (w *Window) Expired(nowMs int64) bool { return nowMs >= w.CollectAt() }
 func (w *Window) CollectAt() int64 { return (w.Index + 2) * w.WindowMs }
 
 // Series is everything held for one (rule, key): its windows, ascending by
-// (WindowMs, Index), and for concurrency rules its lease counter.
+// (WindowMs, Index), and for concurrency rules its lease counter. A series
+// is used through its pointer, never copied: Windows may point into it.
 type Series struct {
 	Key     string
 	Windows []*Window
@@ -123,12 +125,13 @@ type Series struct {
 	leasesDirty bool
 	// where the series waits for Collect, and due in which bucket
 	// (expiry.go); where shares leasesDirty's word, so the series stays in
-	// the 208-byte size class.
+	// the 160-byte size class (TestSeriesLayout).
 	where uint8
 	due   int64
-	// last is the window Window last found or created: merges and
-	// decisions mostly hit the current window again. Collect clears it.
-	last *Window
+	// one holds the series' first window, as Windows' array while it has
+	// room: a key touched in one window (most keys) needs no array of its
+	// own. A second window moves Windows to an array of its own.
+	one [1]*Window
 }
 
 // Rule returns the rule set the series belongs to.
@@ -136,13 +139,9 @@ func (s *Series) Rule() *RuleSet { return s.rule }
 
 // Window returns the window (windowMs, index), or nil.
 func (s *Series) Window(windowMs, index int64) *Window {
-	if w := s.last; w != nil && w.WindowMs == windowMs && w.Index == index {
-		return w
-	}
 	// Newest first: Windows ascends, and the current window is the last.
 	for i := len(s.Windows) - 1; i >= 0; i-- {
 		if w := s.Windows[i]; w.WindowMs == windowMs && w.Index == index {
-			s.last = w
 			return w
 		}
 	}
@@ -166,10 +165,12 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 		}
 		i--
 	}
+	if s.Windows == nil {
+		s.Windows = s.one[:0]
+	}
 	s.Windows = append(s.Windows, nil)
 	copy(s.Windows[i+1:], s.Windows[i:])
 	s.Windows[i] = w
-	s.last = w
 	s.rule.c.queueWindow(s, w)
 	return w
 }
@@ -189,23 +190,24 @@ func (w *Window) hint(p *Window) {
 	}
 }
 
-// RuleSet holds the series of one rule, by key.
+// RuleSet holds the series of one rule, by key. A key's string is held
+// once, in its series (keyTable).
 type RuleSet struct {
 	Name string
-	keys map[string]*Series
+	keys keyTable
 	c    *Container
 }
 
 // Series returns the series of key, or nil.
-func (r *RuleSet) Series(key string) *Series { return r.keys[key] }
+func (r *RuleSet) Series(key string) *Series { return r.keys.get(key) }
 
 // Ensure returns the series of key, creating it if needed.
 func (r *RuleSet) Ensure(key string) *Series {
-	if s := r.keys[key]; s != nil {
+	if s := r.keys.get(key); s != nil {
 		return s
 	}
 	s := &Series{Key: key, rule: r}
-	r.keys[key] = s
+	r.keys.put(s)
 	// A new series may get no window (a lease counter never raised), and
 	// Collect deletes such a one: it looks at every new series that has
 	// no window by then.
@@ -215,15 +217,12 @@ func (r *RuleSet) Ensure(key string) *Series {
 }
 
 // Len returns how many keys the rule holds.
-func (r *RuleSet) Len() int { return len(r.keys) }
+func (r *RuleSet) Len() int { return r.keys.n }
 
-// Each calls f for every series; the order is unspecified, so callers that
-// need determinism sort.
-func (r *RuleSet) Each(f func(*Series)) {
-	for _, s := range r.keys {
-		f(s)
-	}
-}
+// Each calls f for every series; the order is unspecified (it differs from
+// run to run, as a map's does), so callers that need determinism sort. f
+// must not add keys to the rule or drop any.
+func (r *RuleSet) Each(f func(*Series)) { r.keys.each(f) }
 
 // Container holds every rule's windowed counters and lease counters, and the
 // set of windows and lease counters whose own slot changed since the last
@@ -246,7 +245,7 @@ func (c *Container) Rule(name string) *RuleSet {
 	if r := c.rules[name]; r != nil {
 		return r
 	}
-	r := &RuleSet{Name: name, keys: make(map[string]*Series), c: c}
+	r := &RuleSet{Name: name, keys: newKeyTable(), c: c}
 	c.rules[name] = r
 	return r
 }

@@ -6,20 +6,23 @@ import (
 	"math/bits"
 )
 
-type slotVal struct {
-	id SlotID
-	v  uint64
-}
+// rec is the size of one slot of a sparse counter's records: its SlotID
+// (4 bytes) and its value (8), little-endian.
+const rec = 12
 
 // Representation bounds of a GCounter.
 const (
-	// denseMin is the number of slots from which a counter may switch to
-	// a dense array: below it, a sorted slice is smaller and as fast.
+	// denseMin is the number of slots from which a counter switches to a
+	// dense array even when the array is larger than its records (within
+	// denseSpan), for the speed of a merge at many writers. Below it, a
+	// counter of two slots or more is dense only when the array takes no
+	// more bytes than the records: a few members whose SlotIDs are
+	// small, the common mesh, keep a window's counts in a few bytes.
 	denseMin = 16
 	// denseSpan bounds the dense array: a counter switches to it when its
 	// largest SlotID is below denseSpan × its slots (a cell of 1 to 8
-	// bytes per SlotID against 16 per slot of the sorted slice, so at most
-	// 2 to 16× the memory),
+	// bytes per SlotID against 12 per slot of the sorted records, so at
+	// most 2.7 to 21× the memory),
 	// and goes back to sorted when a raise would grow it past twice that.
 	denseSpan = 32
 )
@@ -28,8 +31,11 @@ const (
 // by per-slot max. Its value is the sum over slots, kept up to date
 // incrementally so reading it is O(1).
 //
-// A counter with few writers keeps its slots in a slice sorted by SlotID.
-// Once it has many writers and their SlotIDs are dense enough (SlotIDs are
+// A counter with one writer holds its slot in its own fields, with no
+// array at all: a key touched by one member, the common case, costs its
+// windows no allocation for their counters. A counter with a few writers
+// keeps its slots in records sorted by SlotID, 12 bytes each, in one byte
+// slice. Once it has many writers and their SlotIDs are dense enough (SlotIDs are
 // a replica's interned indices, small and dense), it keeps its values in an
 // array indexed by SlotID instead, so that a merge at a thousand writers is
 // one memory access, not a binary search and an insertion. The array's
@@ -42,39 +48,59 @@ const (
 //
 // The zero value is an empty counter, ready to use.
 //
-// The fields a dense merge reads and writes come first and take 40 bytes,
-// so a Window's two counters each keep them in one cache line (Window).
+// A counter is 40 bytes, so a Window's two counters each sit in one cache
+// line (Window).
 type GCounter struct {
-	d     []byte // dense: little-endian cells of w bytes; SlotID i's value is cell i*step
+	// d is, when dense, the array: little-endian cells of w bytes, SlotID
+	// i's value in cell i*step. When sparse, it is empty for no slot or
+	// one (whose value is total and SlotID n), else the records of two
+	// slots or more, sorted by SlotID (rec bytes each).
+	d     []byte
 	total uint64
-	n     uint32    // non-zero slots when dense (SlotIDs are uint32: it cannot overflow)
-	w     uint8     // dense: cell width in bytes, 1, 2, 4 or 8 (0 when sparse)
-	step  uint8     // dense: 1, or 2 when interleaved with the window's other counter
-	vals  []slotVal // sparse: non-zero slots, sorted by SlotID (nil when dense)
+	n     uint32 // dense: non-zero slots; sparse with one slot: its SlotID (SlotIDs are uint32: neither overflows)
+	w     uint8  // dense: cell width in bytes, 1, 2, 4 or 8 (0 when sparse)
+	step  uint8  // dense: 1, or 2 when interleaved with the window's other counter
 }
 
-func (g *GCounter) find(id SlotID) (int, bool) {
-	vals := g.vals
+// recID returns the SlotID of record i of a sparse counter's records d.
+func recID(d []byte, i int) SlotID { return SlotID(binary.LittleEndian.Uint32(d[rec*i:])) }
+
+// recVal returns the value of record i.
+func recVal(d []byte, i int) uint64 { return binary.LittleEndian.Uint64(d[rec*i+4:]) }
+
+// setRecVal sets the value of record i.
+func setRecVal(d []byte, i int, v uint64) { binary.LittleEndian.PutUint64(d[rec*i+4:], v) }
+
+// appendRec appends a record.
+func appendRec(d []byte, id SlotID, v uint64) []byte {
+	d = binary.LittleEndian.AppendUint32(d, uint32(id))
+	return binary.LittleEndian.AppendUint64(d, v)
+}
+
+// find returns where id is, or would go, among a sparse counter's records
+// d, and whether it is there.
+func find(d []byte, id SlotID) (int, bool) {
+	n := len(d) / rec
 	// Linear for the common few-writer case, binary beyond.
-	if len(vals) <= 8 {
-		for i := range vals {
-			if vals[i].id >= id {
-				return i, vals[i].id == id
+	if n <= 8 {
+		for i := range n {
+			if got := recID(d, i); got >= id {
+				return i, got == id
 			}
 		}
-		return len(vals), false
+		return n, false
 	}
 	// sort.Search's closure is not inlined: search by hand.
-	lo, hi := 0, len(vals)
+	lo, hi := 0, n
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
-		if vals[m].id < id {
+		if recID(d, m) < id {
 			lo = m + 1
 		} else {
 			hi = m
 		}
 	}
-	return lo, lo < len(vals) && vals[lo].id == id
+	return lo, lo < n && recID(d, lo) == id
 }
 
 // dense reports whether the counter holds an array by SlotID.
@@ -142,29 +168,14 @@ func (g *GCounter) get(id SlotID) uint64 {
 		}
 		return 0
 	}
-	vals := g.vals
-	if len(vals) <= 8 {
-		for i := range vals {
-			if vals[i].id >= id {
-				if vals[i].id == id {
-					return vals[i].v
-				}
-				return 0
-			}
+	if len(g.d) == 0 {
+		if g.total != 0 && SlotID(g.n) == id {
+			return g.total
 		}
 		return 0
 	}
-	lo, hi := 0, len(vals)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if vals[m].id < id {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	if lo < len(vals) && vals[lo].id == id {
-		return vals[lo].v
+	if i, ok := find(g.d, id); ok {
+		return recVal(g.d, i)
 	}
 	return 0
 }
@@ -185,26 +196,54 @@ func (g *GCounter) Raise(id SlotID, v uint64) bool {
 		}
 		return g.raiseDense(id, v)
 	}
-	i, ok := g.find(id)
+	if len(g.d) == 0 {
+		switch {
+		case g.total == 0: // no slot yet: this one is held in place
+			if v == 0 {
+				return false
+			}
+			g.n, g.total = uint32(id), v
+			return true
+		case SlotID(g.n) == id:
+			if v <= g.total {
+				return false
+			}
+			g.total = v
+			return true
+		case v == 0:
+			return false
+		}
+		if g.wouldDense(id, v) {
+			g.toDense(0)
+			return g.Raise(id, v)
+		}
+		// A second slot: both go to records.
+		one, ov := SlotID(g.n), g.total
+		g.d, g.n = appendRec(make([]byte, 0, 2*rec), one, ov), 0
+	}
+	i, ok := find(g.d, id)
 	if ok {
-		old := g.vals[i].v
+		old := recVal(g.d, i)
 		if v <= old {
 			return false
 		}
-		g.vals[i].v = v
+		setRecVal(g.d, i, v)
 		g.total = satAdd(g.total, v-old)
 		return true
 	}
 	if v == 0 {
 		return false
 	}
-	g.vals = append(g.vals, slotVal{})
-	copy(g.vals[i+1:], g.vals[i:])
-	g.vals[i] = slotVal{id: id, v: v}
-	g.total = satAdd(g.total, v)
-	if n := len(g.vals); n >= denseMin && int(g.vals[n-1].id) < denseSpan*n {
+	if g.wouldDense(id, v) {
 		g.toDense(0)
+		return g.Raise(id, v)
 	}
+	var zero [rec]byte
+	g.d = append(g.d, zero[:]...)
+	copy(g.d[rec*(i+1):], g.d[rec*i:])
+	binary.LittleEndian.PutUint32(g.d[rec*i:], uint32(id))
+	setRecVal(g.d, i, v)
+	g.total = satAdd(g.total, v)
 	return true
 }
 
@@ -268,11 +307,22 @@ func (g *GCounter) raiseDense(id SlotID, v uint64) bool {
 // wouldDense reports whether raising slot id to v would make a sparse
 // counter dense (see Raise).
 func (g *GCounter) wouldDense(id SlotID, v uint64) bool {
-	n := len(g.vals)
+	n := g.Len()
 	if v != 0 {
 		n++ // at most; a counter paired a raise early is no harm
 	}
-	return n >= denseMin && max(int(id), g.maxID()) < denseSpan*n
+	return denseFits(n, max(int(id), g.maxID()), max(v, g.maxVal()))
+}
+
+// denseFits reports whether a sparse counter of n slots, the largest
+// SlotID maxID and the largest value maxVal is to be dense: from denseMin
+// slots on when its SlotIDs are dense enough, and from two when its array
+// would take no more bytes than its records.
+func denseFits(n, maxID int, maxVal uint64) bool {
+	if n >= denseMin {
+		return maxID < denseSpan*n
+	}
+	return n >= 2 && arraySize(maxID+1)*int(widthFor(maxVal)) <= rec*n
 }
 
 // arraySize returns how many SlotIDs an array covering n should cover: a
@@ -289,17 +339,23 @@ func arraySize(n int) int {
 
 // maxID returns the largest SlotID of a sparse counter, or -1.
 func (g *GCounter) maxID() int {
-	if len(g.vals) == 0 {
-		return -1
+	switch {
+	case len(g.d) > 0:
+		return int(recID(g.d, len(g.d)/rec-1))
+	case g.total != 0:
+		return int(g.n)
 	}
-	return int(g.vals[len(g.vals)-1].id)
+	return -1
 }
 
 // maxVal returns the largest value of a sparse counter.
 func (g *GCounter) maxVal() uint64 {
+	if len(g.d) == 0 {
+		return g.total
+	}
 	var m uint64
-	for _, sv := range g.vals {
-		m = max(m, sv.v)
+	for i := range len(g.d) / rec {
+		m = max(m, recVal(g.d, i))
 	}
 	return m
 }
@@ -309,19 +365,26 @@ func (g *GCounter) maxVal() uint64 {
 func (g *GCounter) toDense(size int) {
 	size = max(size, arraySize(g.maxID()+1))
 	w := widthFor(g.maxVal())
-	g.d, g.w, g.step = make([]byte, size*int(w)), w, 1
-	for _, sv := range g.vals {
-		store(g.d, w, int(sv.id), sv.v)
-	}
-	g.n = uint32(len(g.vals))
-	g.vals = nil
+	d, n := make([]byte, size*int(w)), 0
+	g.each(func(id SlotID, v uint64) {
+		store(d, w, int(id), v)
+		n++
+	})
+	g.d, g.w, g.step, g.n = d, w, 1, uint32(n)
 }
 
-// toSparse moves a dense counter's slots back into a sorted slice.
+// toSparse moves a dense counter's slots back into sorted records, or
+// into its own fields when it has one slot or none.
 func (g *GCounter) toSparse() {
-	vals := make([]slotVal, 0, int(g.n)+1)
-	g.each(func(id SlotID, v uint64) { vals = append(vals, slotVal{id, v}) })
-	g.vals, g.d, g.w, g.step, g.n = vals, nil, 0, 0, 0
+	recs := make([]byte, 0, (int(g.n)+1)*rec)
+	g.each(func(id SlotID, v uint64) { recs = appendRec(recs, id, v) })
+	g.d, g.w, g.step, g.n = recs, 0, 0, 0
+	if len(recs) <= rec {
+		if len(recs) == rec {
+			g.n = uint32(recID(recs, 0)) // its value is the total
+		}
+		g.d = nil
+	}
 }
 
 // grow moves a dense counter's values into an array of its own covering
@@ -342,14 +405,10 @@ func pair(a, b *GCounter, size int) {
 	size = max(size, arraySize(max(a.maxID(), b.maxID())+1))
 	w := widthFor(max(a.maxVal(), b.maxVal()))
 	d := make([]byte, 2*size*int(w))
-	for _, sv := range a.vals {
-		store(d, w, 2*int(sv.id), sv.v)
-	}
-	for _, sv := range b.vals {
-		store(d, w, 2*int(sv.id)+1, sv.v)
-	}
-	a.d, a.w, a.step, a.n, a.vals = d, w, 2, uint32(len(a.vals)), nil
-	b.d, b.w, b.step, b.n, b.vals = d[w:], w, 2, uint32(len(b.vals)), nil
+	a.each(func(id SlotID, v uint64) { store(d, w, 2*int(id), v) })
+	b.each(func(id SlotID, v uint64) { store(d, w, 2*int(id)+1, v) })
+	a.d, a.w, a.step, a.n = d, w, 2, uint32(a.Len())
+	b.d, b.w, b.step, b.n = d[w:], w, 2, uint32(b.Len())
 }
 
 // Add increments one slot by d (saturating). Only the slot's owner calls it.
@@ -357,18 +416,36 @@ func (g *GCounter) Add(id SlotID, d uint64) {
 	if d == 0 {
 		return
 	}
-	// Sparse with few writers and the slot present (the owner's, on
-	// every decision after its first): find it here and add in place,
-	// where Raise(id, Get(id)+d) would search for it twice.
-	if g.w == 0 && len(g.vals) <= 8 {
-		for i := range g.vals {
-			if sv := &g.vals[i]; sv.id == id {
-				old := sv.v
-				sv.v = satAdd(old, d)
-				g.total = satAdd(g.total, sv.v-old)
+	// The slot present (the owner's, on every decision after its first):
+	// find it here and add in place, where Raise(id, Get(id)+d) would
+	// look for it twice.
+	if g.w != 0 {
+		if c := int(id) * int(g.step); c < g.cells() {
+			old := load(g.d, g.w, c)
+			if nv := satAdd(old, d); nv <= cellMax(g.w) {
+				store(g.d, g.w, c, nv)
+				g.n += uint32(b2i(old == 0))
+				g.total = satAdd(g.total, nv-old)
 				return
-			} else if sv.id > id {
-				break
+			}
+		}
+	} else {
+		if len(g.d) == 0 {
+			if g.total == 0 || SlotID(g.n) == id { // none yet, or the one slot
+				g.n, g.total = uint32(id), satAdd(g.total, d)
+				return
+			}
+		} else if len(g.d) <= 8*rec {
+			for i := range len(g.d) / rec {
+				if got := recID(g.d, i); got == id {
+					old := recVal(g.d, i)
+					nv := satAdd(old, d)
+					setRecVal(g.d, i, nv)
+					g.total = satAdd(g.total, nv-old)
+					return
+				} else if got > id {
+					break
+				}
 			}
 		}
 	}
@@ -380,10 +457,13 @@ func (g *GCounter) Value() uint64 { return g.total }
 
 // Len returns how many slots have a non-zero value.
 func (g *GCounter) Len() int {
-	if g.dense() {
+	switch {
+	case g.dense():
 		return int(g.n)
+	case len(g.d) > 0:
+		return len(g.d) / rec
 	}
-	return len(g.vals)
+	return b2i(g.total != 0)
 }
 
 // Merge raises every slot of g to at least its value in o.
@@ -406,8 +486,14 @@ func (g *GCounter) each(f func(id SlotID, v uint64)) {
 		}
 		return
 	}
-	for _, sv := range g.vals {
-		f(sv.id, sv.v)
+	if len(g.d) == 0 {
+		if g.total != 0 {
+			f(SlotID(g.n), g.total)
+		}
+		return
+	}
+	for i := range len(g.d) / rec {
+		f(recID(g.d, i), recVal(g.d, i))
 	}
 }
 

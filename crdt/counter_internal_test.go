@@ -1,6 +1,7 @@
 package crdt
 
 import (
+	"fmt"
 	"testing"
 	"unsafe"
 )
@@ -25,10 +26,10 @@ func TestArraySize(t *testing.T) {
 // a merge touches in two cache lines of an object that starts on one.
 func TestWindowLayout(t *testing.T) {
 	var w Window
-	if got := unsafe.Sizeof(w); got != 192 {
-		t.Errorf("Window is %d bytes, want 192 (a size class aligned to cache lines)", got)
+	if got := unsafe.Sizeof(w); got != 128 {
+		t.Errorf("Window is %d bytes, want 128 (a size class aligned to cache lines)", got)
 	}
-	hot := unsafe.Offsetof(w.Admitted.vals) - unsafe.Offsetof(w.Admitted)
+	hot := unsafe.Sizeof(w.Admitted)
 	for _, f := range []struct {
 		name string
 		lo   uintptr
@@ -42,7 +43,7 @@ func TestWindowLayout(t *testing.T) {
 		}
 	}
 	if unsafe.Offsetof(w.WindowMs)/64 != unsafe.Offsetof(w.Admitted)/64 {
-		t.Errorf("WindowMs and Admitted's dense fields are in different cache lines")
+		t.Errorf("WindowMs and Admitted are in different cache lines")
 	}
 }
 
@@ -59,7 +60,9 @@ func TestWindowTouch(t *testing.T) {
 		wide.Raise(id, val(id)+1000*uint64(id%3), val(id)+5000)
 		alone.Admitted.Raise(id, val(id))
 	}
-	sparse.Raise(3, 9, 9)
+	for _, id := range []SlotID{30, 50, 80} { // records, whose bytes are no cells
+		sparse.Raise(id, 9, 9)
+	}
 	if paired.Admitted.step != 2 || paired.Admitted.w != 1 || wide.Admitted.w < 2 || alone.Admitted.step != 1 || sparse.Admitted.dense() {
 		t.Fatalf("set-up: want paired one-byte, wide, lone dense and sparse counters")
 	}
@@ -73,7 +76,79 @@ func TestWindowTouch(t *testing.T) {
 			t.Errorf("%s: Touch beyond the array = %d, want 0", name, got)
 		}
 	}
-	if got := sparse.Touch(3); got != 0 {
-		t.Errorf("sparse: Touch(3) = %d, want 0", got)
+	if got := sparse.Touch(30); got != 0 {
+		t.Errorf("sparse: Touch(30) = %d, want 0", got)
+	}
+}
+
+// TestGCounterOneSlotInPlace checks that a counter written by one slot
+// keeps it in its own fields, allocating nothing, through Add and Raise;
+// that a second slot moves both into an array when it is no larger than
+// their records, and into records otherwise; and that a dense counter
+// sent back to sparse with one slot or none holds it in place again.
+func TestGCounterOneSlotInPlace(t *testing.T) {
+	var g GCounter
+	if n := testing.AllocsPerRun(100, func() {
+		g.Add(7, 1)
+		g.Raise(7, g.Get(7)+1)
+		g.Raise(7, 0)
+		g.Raise(3, 0)
+	}); n != 0 || len(g.d) != 0 {
+		t.Fatalf("one slot: %v allocations a run, %d bytes of records; want none", n, len(g.d))
+	}
+	if got, want := g.Get(7), uint64(2*101); got != want || g.Value() != want || g.Len() != 1 || g.Get(3) != 0 {
+		t.Fatalf("one slot: Get(7) %d, Value %d, Len %d, Get(3) %d; want %d, %d, 1, 0", got, g.Value(), g.Len(), g.Get(3), want, want)
+	}
+	far := g
+	g.Raise(3, 5)
+	if !g.dense() || len(g.d) != 8 || g.Len() != 2 || g.Get(3) != 5 || g.Get(7) != 202 || g.Value() != 207 {
+		t.Fatalf("two slots: dense %v of %d bytes, Len %d, Get(3) %d, Get(7) %d, Value %d; want an array of 8, 2, 5, 202, 207", g.dense(), len(g.d), g.Len(), g.Get(3), g.Get(7), g.Value())
+	}
+	far.Raise(100, 5) // 101 cells against 24 bytes of records
+	if far.dense() || len(far.d) != 2*rec || far.Len() != 2 || far.Get(100) != 5 || far.Get(7) != 202 || far.Value() != 207 {
+		t.Fatalf("two far slots: dense %v, %d bytes, Len %d, Get(100) %d, Get(7) %d, Value %d; want records of %d, 2, 5, 202, 207", far.dense(), len(far.d), far.Len(), far.Get(100), far.Get(7), far.Value(), 2*rec)
+	}
+
+	for _, slots := range []int{0, 1} {
+		var a, b GCounter
+		for id := range slots {
+			a.Raise(SlotID(id+4), 9)
+		}
+		b.Raise(2, 1)
+		pair(&a, &b, 64)
+		if !a.dense() || !b.dense() {
+			t.Fatalf("%d slots: pair left a sparse counter", slots)
+		}
+		far := SlotID(1 << 20)
+		a.Raise(far, 3) // too far for the array: back to sparse
+		want := map[SlotID]uint64{far: 3}
+		if slots == 1 {
+			want[4] = 9
+		}
+		if a.dense() || a.Len() != len(want) || (slots == 0 && len(a.d) != 0) {
+			t.Fatalf("%d slots: dense %v, Len %d, %d bytes of records after a far raise", slots, a.dense(), a.Len(), len(a.d))
+		}
+		got := map[SlotID]uint64{}
+		a.Each(func(id SlotID, v uint64) { got[id] = v })
+		if fmt.Sprint(got) != fmt.Sprint(want) || a.Value() != uint64(3+9*slots) {
+			t.Fatalf("%d slots: slots %v, Value %d; want %v, %d", slots, got, a.Value(), want, 3+9*slots)
+		}
+	}
+}
+
+// TestWindowOneWriterAllocations checks what a window written by one
+// member costs beyond the window itself: nothing, however often it is
+// raised, merged or added to.
+func TestWindowOneWriterAllocations(t *testing.T) {
+	w := NewContainer().Rule("r").Ensure("k").EnsureWindow(1000, 1)
+	if n := testing.AllocsPerRun(100, func() {
+		w.Attempted.Add(2, 1)
+		w.Admitted.Add(2, 1)
+		w.Raise(2, w.Admitted.Get(2), w.Attempted.Get(2)+1)
+	}); n != 0 {
+		t.Fatalf("%v allocations a run, want 0", n)
+	}
+	if w.Admitted.Get(2) != 101 || w.Attempted.Get(2) != 202 {
+		t.Fatalf("admitted %d, attempted %d; want 101, 202", w.Admitted.Get(2), w.Attempted.Get(2))
 	}
 }

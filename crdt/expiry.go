@@ -279,13 +279,10 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 		s.Windows[i] = nil
 	}
 	s.Windows = kept
-	if dropped > 0 {
-		s.last = nil
-	}
 	noLeases := s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0
 	switch {
 	case len(kept) == 0 && noLeases && !s.leasesDirty:
-		delete(s.rule.keys, s.Key)
+		s.rule.keys.del(s.Key)
 		s.where = gone
 	case again || (len(kept) == 0 && noLeases):
 		c.expiry.pushLater(s)

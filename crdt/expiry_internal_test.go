@@ -14,7 +14,9 @@ import (
 func walkCollect(c *Container, nowMs int64) int {
 	dropped := 0
 	for _, r := range c.rules {
-		for key, s := range r.keys {
+		var all []*Series
+		r.Each(func(s *Series) { all = append(all, s) })
+		for _, s := range all {
 			kept := s.Windows[:0]
 			for _, w := range s.Windows {
 				if w.Expired(nowMs) && !w.dirty {
@@ -27,9 +29,8 @@ func walkCollect(c *Container, nowMs int64) int {
 				s.Windows[i] = nil
 			}
 			s.Windows = kept
-			s.last = nil
 			if len(s.Windows) == 0 && s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0 && !s.leasesDirty {
-				delete(r.keys, key)
+				r.keys.del(s.Key)
 			}
 		}
 	}
@@ -41,14 +42,15 @@ func walkCollect(c *Container, nowMs int64) int {
 func dump(c *Container) string {
 	var lines []string
 	for name, r := range c.rules {
-		for key, s := range r.keys {
+		r.Each(func(s *Series) {
+			key := s.Key
 			var b strings.Builder
 			fmt.Fprintf(&b, "%s/%s leases %d/%d dirty %v:", name, key, s.Leases.P.Value(), s.Leases.N.Value(), s.leasesDirty)
 			for _, w := range s.Windows {
 				fmt.Fprintf(&b, " %d/%d=%d,%v", w.WindowMs, w.Index, w.Admitted.Value(), w.dirty)
 			}
 			lines = append(lines, b.String())
-		}
+		})
 	}
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
@@ -242,19 +244,37 @@ func TestCollectSomeDrains(t *testing.T) {
 	}
 }
 
-// TestSeriesLayout pins what Series's comment relies on: the queue's
-// fields fit the 208-byte size class the series had without them.
+// TestSeriesLayout pins what Series's comment relies on: the series,
+// the queue's fields with it, fits the 160-byte size class.
 func TestSeriesLayout(t *testing.T) {
-	if got := unsafe.Sizeof(Series{}); got > 208 {
-		t.Errorf("Series is %d bytes, want at most 208", got)
+	if got := unsafe.Sizeof(Series{}); got > 160 {
+		t.Errorf("Series is %d bytes, want at most 160", got)
 	}
 }
 
 func keysOf(r *RuleSet) []string {
 	var keys []string
-	for k := range r.keys {
-		keys = append(keys, k)
-	}
+	r.Each(func(s *Series) { keys = append(keys, s.Key) })
 	slices.Sort(keys)
 	return keys
+}
+
+// TestSeriesFirstWindowInPlace checks that a series' first window needs
+// no array of its own, and that its windows stay in order as more come
+// and go.
+func TestSeriesFirstWindowInPlace(t *testing.T) {
+	c := NewContainer()
+	s := c.Rule("r").Ensure("k")
+	w5 := s.EnsureWindow(1000, 5)
+	if unsafe.SliceData(s.Windows) != &s.one[0] || len(s.Windows) != 1 {
+		t.Fatalf("the first window is in an array of its own")
+	}
+	w4, w6 := s.EnsureWindow(1000, 4), s.EnsureWindow(1000, 6)
+	if !slices.Equal(s.Windows, []*Window{w4, w5, w6}) || s.one[0] != w5 {
+		t.Fatalf("windows %v, want 4, 5, 6", s.Windows)
+	}
+	c.Collect(7000) // 4 and 5 are collectable, 6 is not
+	if !slices.Equal(s.Windows, []*Window{w6}) || s.Window(1000, 5) != nil || s.Window(1000, 6) != w6 {
+		t.Fatalf("after a collection: windows %v, want 6", s.Windows)
+	}
 }

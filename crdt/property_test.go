@@ -583,10 +583,19 @@ func TestGCounterRepresentations(t *testing.T) {
 	})
 }
 
+// satAddRef is a + b, or the largest uint64 when that overflows.
+func satAddRef(a, b uint64) uint64 {
+	if a+b < a {
+		return math.MaxUint64
+	}
+	return a + b
+}
+
 // TestWindowRaiseMatchesReference drives the windows of one series through
 // Window.Raise (which may keep both counters in one interleaved array, and
 // sizes a window's arrays after the window before it) mixed with direct
-// raises of either counter (as the owner's own admissions are counted),
+// raises of and additions to either counter (as the owner's own
+// admissions are counted),
 // and checks both counters against the reference every 16 steps and at
 // the end.
 func TestWindowRaiseMatchesReference(t *testing.T) {
@@ -637,6 +646,14 @@ func TestWindowRaiseMatchesReference(t *testing.T) {
 					if got := w.Attempted.Raise(id, v); got != want {
 						t.Fatalf("%s: Attempted.Raise(%d, %d) = %v, reference %v", what, id, v, got, want)
 					}
+				case 2:
+					// The owner's own count: a saturating add, in place
+					// when the cell holds the sum, widening it when not.
+					d := val()
+					w.Attempted.Add(id, d)
+					att[id] = satAddRef(att[id], d)
+					w.Admitted.Add(id, d/2)
+					adm[id] = satAddRef(adm[id], d/2)
 				default:
 					a := val()
 					v := a + val()
