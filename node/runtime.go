@@ -276,7 +276,7 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node: start transport: %w", err)
 	}
 	n.log.Info("started", "incarnation", cc.Incarnation, "join", cfg.Join)
-	if core.Ready() {
+	if core.Joined() {
 		n.markReady()
 	}
 	n.noteHealth()
@@ -366,7 +366,8 @@ func (n *Node) run() {
 }
 
 // step merges in and whatever else is queued, up to stepBurst batches,
-// under one lock.
+// under one lock. Step adds nothing to the core's Ready: what a merge
+// changes comes out with the next tick's.
 func (n *Node) step(in Inbound) {
 	n.mu.Lock()
 	now := n.readClock()
@@ -386,49 +387,24 @@ func (n *Node) step(in Inbound) {
 			break
 		}
 	}
-	ready := n.core.Ready()
+	joined := n.core.Joined()
 	n.noteHealth()
 	n.armIfPending() // a nack asked for values again
 	n.mu.Unlock()
-	if ready {
+	if joined {
 		n.markReady() // the next tick's Ready.Joined logs it
 	}
 }
 
-// answer sends the member's full state to peers that connected.
-func (n *Node) answer(peers ...string) {
-	n.mu.Lock()
-	rd := n.core.AntiEntropy(n.readClock(), peers...)
-	n.mu.Unlock()
-	n.sendDirect(rd.Direct)
-}
-
-// sendDirect sends each Direct's batches to its peers alone.
-func (n *Node) sendDirect(ds []Direct) {
-	for _, d := range ds {
-		for _, peer := range d.To {
-			// Sent from a goroutine of its own: SendDirect may wait for a
-			// slow or unreachable peer up to the transport's sync timeout,
-			// and the loop's ticks and merges must not wait with it. Close
-			// waits for these.
-			n.answers.Add(1)
-			go func() {
-				defer n.answers.Done()
-				if err := n.cfg.Transport.SendDirect(n.ctx, peer, d.Batches); err != nil && n.ctx.Err() == nil {
-					n.log.Warn("anti-entropy", "to", peer, "err", err)
-				}
-			}()
-		}
-	}
-}
-
-// tick ticks the core, acts on its Ready and returns when to tick next.
+// tick ticks the core, hands its Ready to handle, and returns when to
+// tick next.
 func (n *Node) tick() time.Duration {
 	n.pubMu.Lock()
 	n.mu.Lock()
 	now := n.readClock()
 	n.retune(now)
-	rd := n.core.Tick(now)
+	n.core.Tick(now)
+	rd := n.core.Ready()
 	rejected := n.core.clock.rejected
 	if len(n.waiters) > 0 {
 		n.wake(now) // acknowledgements applied, leases expired, windows turned: decide held requests again
@@ -436,68 +412,11 @@ func (n *Node) tick() time.Duration {
 	n.armIfPending() // held requests decided again
 	n.noteHealth()
 	n.mu.Unlock()
-	if f := rd.Fence; f != nil {
-		if f.Fenced {
-			n.log.Error("fenced: this side of a partition holds no majority of the members; denying every decision until it heals (strict policy)", "alive", f.Alive, "members", f.Live)
-		} else {
-			n.log.Warn("fence lifted; serving again once the members heard again have sent their state", "alive", f.Alive, "members", f.Live)
-		}
-	}
-	n.publish(rd.Messages)
-	n.pubMu.Unlock()
-	n.sendDirect(rd.Direct) // relays of our whole view
-	var again []string
-	for _, c := range rd.Changes {
-		if c.New {
-			n.log.Info("member", "member", c.Peer, "incarnation", c.Incarnation, "state", c.To.String(), "new", true)
-		} else {
-			n.log.Info("member", "member", c.Peer, "incarnation", c.Incarnation, "from", c.From.String(), "state", c.To.String())
-		}
-		if c.To == Alive && (c.From == Suspect || c.From == Dead) {
-			// Heard again after a silence (a healed partition, a member
-			// that was paused or evicted), often over a connection that
-			// stayed up: full states go out by themselves only to new
-			// connections, and a member whose fence lifted serves again
-			// only once it holds ours, or after join_timeout.
-			again = append(again, c.Peer)
-		}
-	}
-	if len(again) > 0 {
-		n.answer(again...)
-	}
-	if rd.NewIncarnation != 0 {
-		n.log.Warn("evicted by the mesh; took a new incarnation", "incarnation", rd.NewIncarnation)
-		if err := n.saveIncarnation(rd.NewIncarnation); err != nil {
-			n.log.Error("save incarnation", "incarnation", rd.NewIncarnation, "err", err)
-		}
-	}
-	if rd.Joined {
-		if rd.JoinTimedOut {
-			n.log.Warn("join timed out; serving with what we have", "join_timeout", n.cfg.JoinTimeout)
-		} else {
-			n.log.Info("joined")
-		}
-		n.markReady()
-	}
-	if st := rd.Stale; st != nil {
-		if st.Stale {
-			n.log.Error("view stale: the members this node hears have not acknowledged its batches lately; denying every decision under strict, holding to its share under available, until they do",
-				"lagging", st.Lagging, "members", st.Live, "strict", n.cfg.Policy == Strict)
-		} else {
-			n.log.Warn("view fresh again: the members acknowledge this node's batches", "members", st.Live)
-		}
-	}
+	next, _ := n.handle(n.ctx, now, rd)
 	if rejected > n.rejLogged && (n.rejLogAt.IsZero() || now.Sub(n.rejLogAt) >= rejectLogEvery) {
 		n.log.Warn("clock samples taken across a stall refused; mesh time holds its last good estimate (a loaded host or a slow peer)",
 			"refused", rejected-n.rejLogged, "total", rejected)
 		n.rejLogged, n.rejLogAt = rejected, now
 	}
-	if sk := rd.Skew; sk != nil {
-		if sk.Exceeded {
-			n.log.Error("clock offset to the mesh beyond max_skew; fix this host's clock", "offset", sk.Offset, "max_skew", n.cfg.MaxSkew)
-		} else {
-			n.log.Info("clock offset to the mesh back within max_skew", "offset", sk.Offset)
-		}
-	}
-	return min(max(rd.NextTick.Sub(now), 0), n.cfg.SyncInterval)
+	return next
 }

@@ -34,7 +34,7 @@ func (h Health) String() string {
 func (n *Node) noteHealth() {
 	h := HealthReady
 	switch {
-	case !n.core.Ready():
+	case !n.core.Joined():
 		h = HealthJoining
 	case n.core.Fenced():
 		h = HealthFenced

@@ -25,7 +25,9 @@ func (n *Node) shutdown(closeStore bool) error {
 	// out last.
 	n.pubMu.Lock()
 	n.mu.Lock()
-	bs := n.core.Leave(n.readClock()).Messages
+	now := n.readClock()
+	n.core.Leave(now)
+	rd := n.core.Ready()
 	n.closed = true
 	n.mu.Unlock()
 	n.cancel()
@@ -33,14 +35,10 @@ func (n *Node) shutdown(closeStore bool) error {
 
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.LeaveTimeout)
-	for _, b := range bs {
-		if err := n.cfg.Transport.Publish(ctx, b); err != nil {
-			errs = append(errs, fmt.Errorf("node: publish leave: %w", err))
-			break
-		}
+	if _, err := n.handle(ctx, now, rd); err != nil {
+		errs = append(errs, fmt.Errorf("node: publish leave: %w", err))
 	}
 	cancel()
-	n.pubMu.Unlock()
 	if err := n.cfg.Transport.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("node: close transport: %w", err))
 	}

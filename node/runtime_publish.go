@@ -2,8 +2,6 @@ package node
 
 import (
 	"time"
-
-	"github.com/ratemesh/ratemesh/crdt"
 )
 
 // armPublish wakes the run loop to publish the changes about to be made
@@ -21,7 +19,7 @@ func (n *Node) armPublish() {
 // that no decision announced (a nack's request, a held request decided
 // again). mu must be held.
 func (n *Node) armIfPending() {
-	if !n.pubArmed && n.core.Pending() {
+	if !n.pubArmed && n.core.pending() {
 		n.armPublish()
 	}
 }
@@ -43,22 +41,24 @@ func publishWait(now, last time.Time, gap time.Duration) time.Duration {
 // returns 0.
 func (n *Node) publishEarly() time.Duration {
 	n.pubMu.Lock()
-	defer n.pubMu.Unlock()
 	n.mu.Lock()
-	if !n.core.Pending() {
+	if !n.core.pending() {
 		n.pubArmed = false
 		n.mu.Unlock()
+		n.pubMu.Unlock()
 		return 0
 	}
 	now := n.readClock()
 	if wait := publishWait(now, n.core.LastPublished(), n.cfg.PublishGap); wait > 0 {
 		n.mu.Unlock()
+		n.pubMu.Unlock()
 		return wait
 	}
-	rd := n.core.Flush(now)
+	n.core.Flush(now)
+	rd := n.core.Ready()
 	n.pubArmed = false
 	n.mu.Unlock()
-	n.publish(rd.Messages)
+	n.handle(n.ctx, now, rd)
 	return 0
 }
 
@@ -71,15 +71,17 @@ func (n *Node) publishEarly() time.Duration {
 //go:noinline
 func (n *Node) publishOver() {
 	n.pubMu.Lock()
-	defer n.pubMu.Unlock()
 	n.mu.Lock()
 	if n.closed || !n.core.OverBudget() {
 		n.mu.Unlock() // published meanwhile
+		n.pubMu.Unlock()
 		return
 	}
-	rd := n.core.Flush(n.readClock())
+	now := n.readClock()
+	n.core.Flush(now)
+	rd := n.core.Ready()
 	n.mu.Unlock()
-	n.publish(rd.Messages)
+	n.handle(n.ctx, now, rd)
 }
 
 // publishIfOver is publishOver for a caller that does not hold mu and has
@@ -90,17 +92,5 @@ func (n *Node) publishIfOver() {
 	n.mu.Unlock()
 	if over {
 		n.publishOver()
-	}
-}
-
-// publish publishes bs in order, stopping at the first failure.
-func (n *Node) publish(bs []*crdt.Batch) {
-	for _, b := range bs {
-		if err := n.cfg.Transport.Publish(n.ctx, b); err != nil {
-			if n.ctx.Err() == nil {
-				n.log.Warn("publish", "err", err)
-			}
-			return
-		}
 	}
 }
