@@ -800,6 +800,44 @@ func (s *sim) tick() error {
 	return nil
 }
 
+// handle acts on rd, the whole of a Ready node r's core handed over: the
+// one place the simulator takes a core's output. It publishes Messages to
+// r's partition group, sends each Direct to the peers it names that are
+// up in r's group (while the initial mesh forms, before time 0, into
+// s.forming instead, which the nodes step at once), notes a new
+// incarnation, and schedules r's next Tick when rd holds a Tick's output
+// (NextTick).
+func (s *sim) handle(r int, rd node.Ready) error {
+	n := s.nodes[r]
+	for _, b := range rd.Messages {
+		if err := s.publish(r, b); err != nil {
+			return err
+		}
+	}
+	for _, d := range rd.Direct {
+		if s.forming != nil {
+			s.forming[r] = d.Batches
+			continue
+		}
+		for _, p := range d.To {
+			if err := s.relay(r, p, d.Batches); err != nil {
+				return err
+			}
+		}
+	}
+	if rd.NewIncarnation != 0 {
+		s.dropStaleLeases(r, rd.NewIncarnation) // leases.go: the core dropped its old leases
+		n.inc = rd.NewIncarnation
+		s.reincs = append(s.reincs, Reincarnation{Node: r, AtS: float64(s.now) / 1000})
+	}
+	if !rd.NextTick.IsZero() {
+		next := rd.NextTick.Sub(epoch) - time.Duration(n.skewNs)
+		ms := int64((next + time.Millisecond - 1) / time.Millisecond)
+		n.nextTick = min(max(ms, s.now+1), s.now+s.syncMs)
+	}
+	return nil
+}
+
 func (s *sim) finish() *Result {
 	for _, ra := range s.rules {
 		if ra.lr != nil {
