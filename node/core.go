@@ -260,7 +260,7 @@ func (c *Core) Joined() bool { return c.join.joined }
 func (c *Core) HasReady() bool {
 	rd := &c.ready
 	return len(rd.Messages) > 0 || len(rd.Direct) > 0 || len(rd.Changes) > 0 ||
-		rd.NewIncarnation != 0 || rd.Joined || rd.Fence != nil || rd.Skew != nil ||
+		rd.NewIncarnation != 0 || rd.Joined || rd.JoinTimedOut || rd.Fence != nil || rd.Skew != nil ||
 		rd.Stale != nil || !rd.NextTick.IsZero()
 }
 
