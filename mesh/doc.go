@@ -54,16 +54,20 @@
 //		case in := <-inbound: // HandleBatch
 //			core.Step(time.Now(), in.Batch)
 //		case p := <-connected: // PeerConnected: anti-entropy on connect
-//			for _, d := range core.AntiEntropy(time.Now(), p).Direct {
+//			core.AntiEntropy(time.Now(), p)
+//		case <-ticker.C:
+//			core.Tick(time.Now())
+//		}
+//		rd := core.Ready() // every output, handled in one place
+//		for _, b := range rd.Messages {
+//			m.Publish(ctx, b)
+//		}
+//		for _, d := range rd.Direct { // full states and relays
+//			for _, p := range d.To {
 //				go m.SendDirect(ctx, p, d.Batches)
 //			}
-//		case <-ticker.C:
-//			rd := core.Tick(time.Now())
-//			for _, b := range rd.Messages {
-//				m.Publish(ctx, b)
-//			}
-//			… // rd.Direct: relays, with SendDirect
 //		}
+//		… // the rest of rd
 //	}
 //
 // # Gossip

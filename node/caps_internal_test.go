@@ -28,7 +28,7 @@ func TestCommonCaps(t *testing.T) {
 		}
 	}
 	step("b", announced)
-	c.Tick(now)
+	tick(c, now)
 	if !c.clock.all(capsOf(announced)) {
 		t.Fatalf("common %#x with every member of this release, want %#x", c.clock.common, capsOf(announced))
 	}
@@ -37,13 +37,13 @@ func TestCommonCaps(t *testing.T) {
 		t.Errorf("common %#x after a batch of 821b92d's, want echo and repairs without skips", c.clock.common)
 	}
 	now = now.Add(cfg.Heartbeat)
-	c.Tick(now)
+	tick(c, now)
 	if c.clock.all(capSkips) {
 		t.Errorf("common %#x a heartbeat later, want no skips while the old member is live", c.clock.common)
 	}
 	step("old", crdt.FlagEcho|crdt.FlagRepairs|crdt.FlagLeaving)
 	now = now.Add(cfg.Heartbeat)
-	c.Tick(now)
+	tick(c, now)
 	if !c.clock.all(capSkips) {
 		t.Errorf("common %#x once the old member left, want skips again", c.clock.common)
 	}

@@ -40,12 +40,12 @@ func TestEveryBatchAnnouncesCapabilities(t *testing.T) {
 	}
 	var all []*crdt.Batch
 	all = append(all, fullState(t, c, now, "b")...)
-	rd := c.Tick(now.Add(time.Second))
+	rd := tick(c, now.Add(time.Second))
 	all = append(all, rd.Messages...)
 	for _, d := range rd.Direct {
 		all = append(all, d.Batches...)
 	}
-	all = append(all, c.Leave(now.Add(2*time.Second)).Messages...)
+	all = append(all, leave(c, now.Add(2*time.Second)).Messages...)
 	var relays, leaves, gossip int
 	for _, b := range all {
 		if b.Flags&flagsThis != flagsThis {
@@ -106,7 +106,7 @@ func TestMemberTableOnlyToPeersThatDecodeIt(t *testing.T) {
 		}
 		return got
 	}
-	rd := c.AntiEntropy(now, "this", "old", "older", "unheard")
+	rd := antiEntropy(c, now, "this", "old", "older", "unheard")
 	want := map[string]int{"this": 3, "old": 3, "older": 0, "unheard": 0}
 	if got := tables(rd.Direct); !mapsEqual(got, want) {
 		t.Errorf("member table entries per peer: %v, want %v", got, want)
@@ -124,7 +124,7 @@ func TestMemberTableOnlyToPeersThatDecodeIt(t *testing.T) {
 		}
 	}
 	want = map[string]int{"this": 3, "old": 3, "older": 0}
-	if got := tables(c.Tick(now.Add(20 * time.Millisecond)).Direct); !mapsEqual(got, want) {
+	if got := tables(tick(c, now.Add(20*time.Millisecond)).Direct); !mapsEqual(got, want) {
 		t.Errorf("relay: member table entries per peer: %v, want %v", got, want)
 	}
 	flags := map[string]uint64{}
@@ -188,7 +188,7 @@ func TestJoinerWaitsForARelay(t *testing.T) {
 			if err := j.Step(now, full("p", tt.flags)); err != nil {
 				t.Fatal(err)
 			}
-			if j.Ready() {
+			if j.Joined() {
 				t.Fatal("ready on the peer's plain full state")
 			}
 			if got := total(t, j, now, "api", "k"); got != 40 {
@@ -203,12 +203,12 @@ func TestJoinerWaitsForARelay(t *testing.T) {
 				}
 			} else {
 				at = now.Add(node.DefaultCoreConfig().JoinTimeout)
-				if j.Tick(at.Add(-time.Millisecond)); j.Ready() {
+				if tick(j, at.Add(-time.Millisecond)); j.Joined() {
 					t.Fatal("ready before join_timeout without a relay")
 				}
 			}
-			if rd := j.Tick(at); !j.Ready() || rd.JoinTimedOut == tt.relay {
-				t.Errorf("after the relay or join_timeout: ready %v, timed out %v; want ready, timed out %v", j.Ready(), rd.JoinTimedOut, !tt.relay)
+			if rd := tick(j, at); !j.Joined() || rd.JoinTimedOut == tt.relay {
+				t.Errorf("after the relay or join_timeout: ready %v, timed out %v; want ready, timed out %v", j.Joined(), rd.JoinTimedOut, !tt.relay)
 			}
 		})
 	}

@@ -22,7 +22,7 @@ func TestTickCollectsInSlices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Tick(now)
+	tick(c, now)
 	for i := range keys {
 		if d, err := c.Allow(now, "api", fmt.Sprintf("k%d", i), limiter.Request{}); err != nil || !d.Allowed {
 			t.Fatalf("Allow = %+v, %v", d, err)
@@ -34,7 +34,7 @@ func TestTickCollectsInSlices(t *testing.T) {
 	step := cfg.SyncInterval
 	for end := now.Add(2 * time.Second); now.Before(end.Add(-step)); {
 		now = now.Add(step)
-		c.Tick(now)
+		tick(c, now)
 	}
 	if got := c.keysHeld(); got != keys {
 		t.Fatalf("%d keys held before they expire, want %d", got, keys)
@@ -42,7 +42,7 @@ func TestTickCollectsInSlices(t *testing.T) {
 	var held []int
 	for range 4 {
 		now = now.Add(step)
-		c.Tick(now)
+		tick(c, now)
 		held = append(held, c.keysHeld())
 	}
 	want := []int{keys - collectBudget, keys - 2*collectBudget, 0, 0}

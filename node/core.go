@@ -25,11 +25,16 @@ func (e *NotOwnerError) Error() string {
 	return fmt.Sprintf("node: lease is owned by peer %s", e.Owner)
 }
 
-// Ready is what the core asks its owner to do: every output of the core
-// comes in one, returned by Tick, AntiEntropy and Leave. The owner acts on
-// its fields in order: publish Messages, send each Direct, and note the
-// rest. The batches are shared by every recipient and must not be
-// modified.
+// Ready is what the core asks its owner to do. Every output of the core
+// accumulates in one, and Core.Ready hands it over: the inputs that
+// produce output (Tick, AntiEntropy, Flush, Leave) return nothing. The
+// owner acts on its fields in order: publish Messages, send each Direct,
+// and note the rest. The batches are shared by every recipient and must
+// not be modified.
+//
+// Tick gathers the changes (Changes, NewIncarnation, Joined, Fence, Skew,
+// Stale) and sets NextTick; between two Readies a later change of one
+// kind replaces an earlier one, lists grow.
 type Ready struct {
 	// Messages are to be published to every member, in order.
 	Messages []*crdt.Batch
@@ -38,12 +43,12 @@ type Ready struct {
 	// (AntiEntropy) and relays of this member's whole view answering the
 	// peers that asked for one (crdt.FlagWant; Tick).
 	Direct []Direct
-	// Changes are membership transitions since the last Tick.
+	// Changes are membership transitions, as of the last Tick.
 	Changes []MemberChange
 	// NewIncarnation, when non-zero, is an incarnation the core switched
 	// to (it learned it had been evicted); persist it durably.
 	NewIncarnation uint64
-	// Joined reports that the member became ready this Tick, and
+	// Joined reports that the member became ready (at a Tick), and
 	// JoinTimedOut that it did so because join_timeout passed without an
 	// anti-entropy exchange.
 	Joined, JoinTimedOut bool
@@ -56,8 +61,9 @@ type Ready struct {
 	// Stale, when not nil, reports that this member's view turned stale
 	// or fresh again since the last Tick (see Core.Stale).
 	Stale *StaleChange
-	// NextTick is when Tick next has timed work to do (Tick only; zero
-	// otherwise). Tick at least every SyncInterval all the same.
+	// NextTick is when Tick next has timed work to do, as of the last
+	// Tick; zero when no Tick ran since the last Ready. Tick at least
+	// every SyncInterval all the same.
 	NextTick time.Time
 }
 
@@ -118,8 +124,8 @@ type Stats struct {
 
 // Core is one member of the mesh as a pure state machine: requests, inbound
 // batches (Step), new connections (AntiEntropy) and ticks go in with the
-// time they happen at; everything it asks its owner to do comes out in a
-// Ready. It never reads a clock, starts a goroutine or performs I/O, so
+// time they happen at; everything it asks its owner to do accumulates in a
+// Ready, which Ready hands over (HasReady tells whether there is one). It never reads a clock, starts a goroutine or performs I/O, so
 // the simulator runs exactly the code production runs.
 //
 // Core holds the slots, the replicated counters (the container), the
@@ -186,7 +192,8 @@ type Core struct {
 	// keys due left, so every Tick collects until it catches up.
 	collectBehind bool
 	madeAtTick    uint64 // the container's Made at the last Tick
-	newInc        uint64 // an incarnation taken since the last Ready
+	newInc        uint64 // an incarnation taken since the last Tick
+	ready         Ready  // the outputs not handed over yet (Ready)
 	closed        bool
 	stats         Stats
 }
@@ -245,8 +252,35 @@ func (c *Core) Self() crdt.Slot { return c.self }
 // RulesHash returns the hash of this member's rules.
 func (c *Core) RulesHash() uint64 { return c.rulesHash }
 
-// Ready reports whether the member has joined and serves decisions.
-func (c *Core) Ready() bool { return c.join.joined }
+// Joined reports whether the member has joined and serves decisions.
+func (c *Core) Joined() bool { return c.join.joined }
+
+// HasReady reports whether the core holds output its owner has not taken
+// yet (Ready).
+func (c *Core) HasReady() bool {
+	rd := &c.ready
+	return len(rd.Messages) > 0 || len(rd.Direct) > 0 || len(rd.Changes) > 0 ||
+		rd.NewIncarnation != 0 || rd.Joined || rd.JoinTimedOut || rd.Fence != nil || rd.Skew != nil ||
+		rd.Stale != nil || !rd.NextTick.IsZero()
+}
+
+// Ready hands over every output gathered since the last Ready, and forgets
+// it: the one way out of the core. The owner acts on all of it (see the
+// type Ready); the zero Ready when there is none.
+func (c *Core) Ready() Ready {
+	rd := c.ready
+	c.ready = Ready{}
+	return rd
+}
+
+// gather appends more to the list a of not yet handed over outputs,
+// taking more itself when a is empty.
+func gather[T any](a, more []T) []T {
+	if len(a) == 0 {
+		return more
+	}
+	return append(a, more...)
+}
 
 // Alive returns how many members, self included, are alive, and how many
 // are live (alive or suspect).
@@ -561,14 +595,16 @@ func (c *Core) entrySlot(b *crdt.Batch, i uint32) crdt.SlotID {
 
 // Tick advances timers to now — membership states, acknowledgements, lease
 // expiry, the clock offset, the join timeout, garbage collection — and
-// returns everything the core has for its owner: the batches due, the
-// relays asked for since the last Tick, and the changes. Call it at least
-// every SyncInterval, and at Ready.NextTick. After Leave it does nothing.
-func (c *Core) Tick(now time.Time) Ready {
+// adds to the Ready everything the core has for its owner: the batches
+// due, the relays asked for since the last Tick, the changes, and
+// NextTick. Call it at least every SyncInterval, and at Ready.NextTick.
+// After Leave it sets NextTick alone.
+func (c *Core) Tick(now time.Time) {
+	rd := &c.ready
 	if c.closed {
-		return Ready{NextTick: c.out.nextSync}
+		rd.NextTick = c.out.nextSync
+		return
 	}
-	var rd Ready
 	if !c.lastTick.IsZero() && now.Sub(c.lastTick) >= c.cfg.SuspectAfter {
 		// This member stalled (a pause, a frozen VM, SIGSTOP): Ticks come
 		// at least every SyncInterval, far below SuspectAfter, when it runs.
@@ -590,7 +626,7 @@ func (c *Core) Tick(now time.Time) Ready {
 	}
 	if !now.Before(c.out.nextSync) {
 		c.out.nextSync = now.Add(c.cfg.SyncInterval)
-		rd.Messages = c.flush(now, 0)
+		rd.Messages = gather(rd.Messages, c.flush(now, 0))
 	}
 	made := c.c.Made()
 	if due := !now.Before(c.nextCollect); due || c.collectBehind {
@@ -606,23 +642,30 @@ func (c *Core) Tick(now time.Time) Ready {
 	}
 	c.madeAtTick = made
 	if len(c.join.wants) > 0 {
-		rd.Direct = c.relay(now, c.join.wants)
+		rd.Direct = gather(rd.Direct, c.relay(now, c.join.wants))
 		c.join.wants = nil
 	}
-	rd.Changes, c.members.changes = c.members.changes, nil
-	rd.NewIncarnation, c.newInc = c.newInc, 0
-	rd.Joined, rd.JoinTimedOut = c.join.became, c.join.timedOut
+	rd.Changes, c.members.changes = gather(rd.Changes, c.members.changes), nil
+	if c.newInc != 0 {
+		rd.NewIncarnation, c.newInc = c.newInc, 0
+	}
+	rd.Joined, rd.JoinTimedOut = rd.Joined || c.join.became, rd.JoinTimedOut || c.join.timedOut
 	c.join.became, c.join.timedOut = false, false
 	if c.join.everJoined {
 		// A member joining for the first time answers joining; a fence
 		// meanwhile (members it knew from an earlier run not heard yet)
 		// is reported once it has joined, if it holds.
-		rd.Fence = c.members.fenceChange()
+		if f := c.members.fenceChange(); f != nil {
+			rd.Fence = f
+		}
 	}
-	rd.Skew = c.clock.skewChange()
-	rd.Stale = c.staleChange()
+	if sk := c.clock.skewChange(); sk != nil {
+		rd.Skew = sk
+	}
+	if st := c.staleChange(); st != nil {
+		rd.Stale = st
+	}
 	rd.NextTick = c.out.nextSync
-	return rd
 }
 
 // collectBudget bounds the keys one Tick's collection looks at, so the
@@ -663,7 +706,7 @@ func (c *Core) longestWindowMs() int64 {
 	return longest
 }
 
-// AntiEntropy returns what this member sends a peer on every new
+// AntiEntropy adds to the Ready what this member sends a peer on every new
 // connection, for each of peers: a Direct carrying its full state,
 // batches flagged FlagFull with every live window value of its own slots
 // (the current incarnation's and earlier ones': a member evicted during a
@@ -675,15 +718,15 @@ func (c *Core) longestWindowMs() int64 {
 // sets FlagWant: the peer answers with a relay of its whole view (see
 // relay), which is what readiness waits for. The batches take no sequence
 // number and are meant for those peers alone.
-func (c *Core) AntiEntropy(now time.Time, peers ...string) Ready {
+func (c *Core) AntiEntropy(now time.Time, peers ...string) {
 	if len(peers) == 0 {
-		return Ready{}
+		return
 	}
 	flags := crdt.FlagFull
 	if !c.join.joined || c.members.fenced {
 		flags |= crdt.FlagWant
 	}
-	return Ready{Direct: c.directs(peers, func(table bool) []*crdt.Batch { return c.fullState(now, flags, false, table) })}
+	c.ready.Direct = gather(c.ready.Direct, c.directs(peers, func(table bool) []*crdt.Batch { return c.fullState(now, flags, false, table) }))
 }
 
 // relay returns the answer to the peers that asked for this member's whole
@@ -708,14 +751,13 @@ func (c *Core) direct(peers []string, bs []*crdt.Batch) Direct {
 	return Direct{To: peers, Batches: bs}
 }
 
-// Leave returns the final batches of a graceful leave in Messages: own
-// pending changes and the leave announcement. The core serves nothing
-// afterwards; a second Leave returns nothing.
-func (c *Core) Leave(now time.Time) Ready {
+// Leave adds the final batches of a graceful leave to the Ready's
+// Messages: own pending changes and the leave announcement. The core
+// serves nothing afterwards; a second Leave adds nothing.
+func (c *Core) Leave(now time.Time) {
 	if c.closed {
-		return Ready{}
+		return
 	}
-	rd := Ready{Messages: c.flush(now, crdt.FlagLeaving)}
+	c.ready.Messages = gather(c.ready.Messages, c.flush(now, crdt.FlagLeaving))
 	c.closed = true
-	return rd
 }

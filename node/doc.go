@@ -2,32 +2,40 @@
 // edges.
 //
 // The Core is a state machine in the style of raft's RawNode. It decides
-// requests, merges the batches peers publish, and hands every output back
-// as a Ready: the batches to publish, the batches to send one peer alone
-// (anti-entropy), membership changes, a new incarnation to persist, the
-// join, fence and clock-skew changes, and when to tick next. It takes the
-// time as an argument and never touches a clock, a socket or a disk, so
-// the simulator drives exactly the code production runs. Its owner drives
-// it like this (the runtime, Node, does it for a network):
+// requests, merges the batches peers publish, and gathers every output in
+// one Ready, which Core.Ready hands over: the batches to publish, the
+// batches to send one peer alone (anti-entropy), membership changes, a
+// new incarnation to persist, the join, fence, clock-skew and staleness
+// changes, and when to tick next. The inputs that produce output (Tick,
+// AntiEntropy, Flush, Leave) return nothing; HasReady tells whether output
+// waits. It takes the time as an argument and never touches a clock, a
+// socket or a disk, so the simulator drives exactly the code production
+// runs. Its owner drives it like this (the runtime, Node, does it for a
+// network), acting on every Ready in one place:
 //
 //	cfg := node.DefaultCoreConfig()
 //	cfg.Peer, cfg.Rules = "peer-a", rules
 //	cfg.Incarnation = node.NextIncarnation(persisted, time.Now())
 //	core, err := node.NewCore(cfg, time.Now())
 //	for {
-//		var rd node.Ready
 //		select {
 //		case in := <-inbound: // from a Transport
 //			core.Step(time.Now(), in.Batch)
 //		case peer := <-connected: // anti-entropy on connect
 //			core.ExpectState(peer)
-//			rd = core.AntiEntropy(time.Now(), peer)
+//			core.AntiEntropy(time.Now(), peer)
 //		case <-ticker.C: // at least every SyncInterval (Ready.NextTick)
-//			rd = core.Tick(time.Now())
+//			core.Tick(time.Now())
 //		case req := <-requests:
 //			d, err := core.Allow(time.Now(), req.Rule, req.Key, req.Request)
 //			…
 //		}
+//		if core.HasReady() {
+//			handle(core.Ready())
+//		}
+//	}
+//
+//	func handle(rd node.Ready) {
 //		for _, b := range rd.Messages {
 //			transport.Publish(ctx, b)
 //		}
@@ -36,8 +44,11 @@
 //				transport.SendDirect(ctx, p, d.Batches)
 //			}
 //		}
-//		… // rd.Changes, rd.NewIncarnation, rd.Joined, rd.Fence, rd.Skew
+//		… // rd.Changes, rd.NewIncarnation, rd.Joined, rd.Fence, rd.Skew, rd.Stale, rd.NextTick
 //	}
+//
+// Nothing needs acknowledging once handled: the core forgets a Ready as it
+// hands it over, so unlike raft there is no Advance.
 //
 // The core's state is split by concern, each part a type with its
 // invariants in a file of its own: membership.go (the member table, and

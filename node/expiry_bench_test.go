@@ -52,7 +52,7 @@ func BenchmarkTickHoldingKeys(b *testing.B) {
 					for end := now.Add(sc.span); now.Before(end); {
 						now = now.Add(step)
 						start := time.Now()
-						c.Tick(now)
+						tick(c, now)
 						d := time.Since(start)
 						ticks = append(ticks, d)
 						busy += d
@@ -93,7 +93,7 @@ func coreHolding(b *testing.B, keys int, window time.Duration) (*node.Core, time
 	if err != nil {
 		b.Fatal(err)
 	}
-	c.Tick(now)
+	tick(c, now)
 	for i := range keys {
 		if d, err := c.Allow(now, "api", fmt.Sprintf("acct:%d", i), limiter.Request{}); err != nil || !d.Allowed {
 			b.Fatalf("Allow = %+v, %v", d, err)
@@ -104,7 +104,7 @@ func coreHolding(b *testing.B, keys int, window time.Duration) (*node.Core, time
 	// the keys, not of holding them.
 	for range 2 {
 		now = now.Add(cfg.SyncInterval)
-		c.Tick(now)
+		tick(c, now)
 	}
 	return c, now
 }

@@ -96,3 +96,7 @@ func Suggested(c *Core) int { return len(c.join.suggested) }
 
 // MaxSuggestPerSender is maxSuggestPerSender, for tests.
 const MaxSuggestPerSender = maxSuggestPerSender
+
+// Pending reports whether own changes of c wait for the next gossip batch
+// (what the runtime's leading edge asks).
+func Pending(c *Core) bool { return c.pending() }

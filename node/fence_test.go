@@ -197,7 +197,7 @@ func TestCoreStrictStalledMemberFencesItself(t *testing.T) {
 	cfg := node.DefaultCoreConfig()
 	c := net.Core(2)
 	woke := net.Local(2).Add(cfg.DeadAfter + 3*time.Second) // past reclaim_after
-	c.Tick(woke)
+	tick(c, woke)
 	if !c.Fenced() {
 		t.Error("the stalled member is not fenced when it wakes")
 	}
@@ -240,9 +240,9 @@ func TestCoreStrictStalledMemberReclaimsNoOneAtOnce(t *testing.T) {
 	hear1 := func(at time.Time) {
 		t.Helper()
 		// Member 1 at its own time then: its batch reaches the stalled one.
-		rd := net.Core(1).Tick(at)
+		rd := tick(net.Core(1), at)
 		if len(rd.Messages) == 0 {
-			rd = net.Core(1).Tick(at.Add(cfg.SyncInterval))
+			rd = tick(net.Core(1), at.Add(cfg.SyncInterval))
 		}
 		for _, b := range rd.Messages {
 			if err := c.Step(at, b); err != nil {
@@ -259,13 +259,13 @@ func TestCoreStrictStalledMemberReclaimsNoOneAtOnce(t *testing.T) {
 		return node.Dead // gone from the table
 	}
 	woke := net.Local(2).Add(reclaim + 3*time.Second) // past reclaim_after
-	c.Tick(woke)
+	tick(c, woke)
 	if !c.Fenced() {
 		t.Fatal("the stalled member is not fenced when it wakes")
 	}
 	hear1(woke.Add(10 * time.Millisecond))
 	after := woke.Add(20 * time.Millisecond)
-	c.Tick(after)
+	tick(c, after)
 	if got := state0(after); got != node.Suspect {
 		t.Errorf("member 0 is %v 20 ms after the wake, having heard member 1; want suspect (not reclaimed)", got)
 	}
@@ -275,14 +275,14 @@ func TestCoreStrictStalledMemberReclaimsNoOneAtOnce(t *testing.T) {
 	// Member 0 stays silent; member 1 keeps talking.
 	for at := after; at.Before(woke.Add(reclaim - 100*time.Millisecond)); at = at.Add(500 * time.Millisecond) {
 		hear1(at)
-		c.Tick(at)
+		tick(c, at)
 		if got := state0(at); got != node.Suspect {
 			t.Fatalf("member 0 is %v %v after the wake; want suspect until reclaim_after", got, at.Sub(woke))
 		}
 	}
 	late := woke.Add(reclaim + time.Second)
 	hear1(late)
-	c.Tick(late)
+	tick(c, late)
 	if got := state0(late); got != node.Dead {
 		t.Errorf("member 0 is %v, silent for reclaim_after since the wake; want reclaimed (dead)", got)
 	}
@@ -313,8 +313,8 @@ func TestCoreMajorityFencedAMomentServesAgain(t *testing.T) {
 	run(t, net, cfg.Heartbeat, nil)
 	for _, i := range []int{2, 3, 4} {
 		c := net.Core(i)
-		if c.Fenced() || !c.Ready() {
-			t.Errorf("member %d a heartbeat after its side healed: fenced %v, ready %v; want serving", i, c.Fenced(), c.Ready())
+		if c.Fenced() || !c.Joined() {
+			t.Errorf("member %d a heartbeat after its side healed: fenced %v, ready %v; want serving", i, c.Fenced(), c.Joined())
 		}
 		if got := allowN(t, net, i, "api", "k", 10); got == 0 {
 			t.Errorf("member %d admits nothing a heartbeat after its side healed", i)

@@ -28,7 +28,7 @@ func reportSeed(t testing.TB, seed uint64) {
 // full state (Core.AntiEntropy).
 func fullState(t testing.TB, c *node.Core, now time.Time, peer string) []*crdt.Batch {
 	t.Helper()
-	rd := c.AntiEntropy(now, peer)
+	rd := antiEntropy(c, now, peer)
 	if len(rd.Direct) != 1 || !slices.Equal(rd.Direct[0].To, []string{peer}) {
 		t.Fatalf("AntiEntropy(%q) = %+v, want one Direct to it", peer, rd.Direct)
 	}
@@ -39,7 +39,7 @@ func fullState(t testing.TB, c *node.Core, now time.Time, peer string) []*crdt.B
 // Tick addresses to peer (which asked for one with its full state).
 func relayTo(t testing.TB, c *node.Core, now time.Time, peer string) []*crdt.Batch {
 	t.Helper()
-	for _, d := range c.Tick(now).Direct {
+	for _, d := range tick(c, now).Direct {
 		if slices.Contains(d.To, peer) {
 			return d.Batches
 		}
@@ -279,4 +279,29 @@ func state(t testing.TB, c *node.Core, now time.Time, peer string) node.State {
 	}
 	t.Fatalf("%s does not know %s", c.Self().Peer, peer)
 	return 0
+}
+
+// tick ticks c at now and returns the Ready it hands over.
+func tick(c *node.Core, now time.Time) node.Ready {
+	c.Tick(now)
+	return c.Ready()
+}
+
+// antiEntropy has c answer new connections from peers at now and returns
+// the Ready it hands over.
+func antiEntropy(c *node.Core, now time.Time, peers ...string) node.Ready {
+	c.AntiEntropy(now, peers...)
+	return c.Ready()
+}
+
+// flush flushes c at now and returns the Ready it hands over.
+func flush(c *node.Core, now time.Time) node.Ready {
+	c.Flush(now)
+	return c.Ready()
+}
+
+// leave has c leave at now and returns the Ready it hands over.
+func leave(c *node.Core, now time.Time) node.Ready {
+	c.Leave(now)
+	return c.Ready()
 }

@@ -56,10 +56,10 @@ type joinState struct {
 	// wasFenced is the fence as of the last call of fence, to see it lift.
 	wasFenced bool
 	// became and timedOut report a join, and one by join_timeout, since
-	// the last Ready.
+	// the last Tick (which adds them to the Ready).
 	became, timedOut bool
 	// wants are the peers whose full state asked for a relay (FlagWant),
-	// in the order they asked, until the next Ready.
+	// in the order they asked, until the next Tick relays to them.
 	wants []string
 	// suggested holds, while joining, the peers a member table named that
 	// this member has not heard yet, each with the member that named it,

@@ -44,15 +44,15 @@ func TestCoreJoinWaitsForState(t *testing.T) {
 			if d.Allowed || d.Reason != limiter.ReasonJoining || d.RetryAfter != want {
 				t.Errorf("at %v: %+v; want denied, joining, retry after %v", at, d, want)
 			}
-			if c.Ready() {
+			if c.Joined() {
 				t.Errorf("ready at %v", at)
 			}
 		}
 		if err := net.Run(joinTimeout+5*time.Millisecond, nil); err != nil {
 			t.Fatal(err)
 		}
-		if !c.Ready() || !timedOut || !joinedAt.Equal(t0.Add(joinTimeout)) {
-			t.Errorf("ready %v, joined at %v, timed out %v; want ready at %v by the timeout", c.Ready(), joinedAt.Sub(t0), timedOut, joinTimeout)
+		if !c.Joined() || !timedOut || !joinedAt.Equal(t0.Add(joinTimeout)) {
+			t.Errorf("ready %v, joined at %v, timed out %v; want ready at %v by the timeout", c.Joined(), joinedAt.Sub(t0), timedOut, joinTimeout)
 		}
 		if got := allowN(t, net, 0, "api", "k", 20); got != 10 {
 			t.Errorf("alone after the timeout admitted %d of 20, want the limit 10", got)
@@ -98,8 +98,8 @@ func TestCoreJoinWaitsForState(t *testing.T) {
 		// later: the joiner is ready then.
 		sync := node.DefaultCoreConfig().SyncInterval
 		run(t, net, 2*net.Delay+sync, nil)
-		if d := joinedAt.Sub(start); !c.Ready() || timedOut || d < 2*net.Delay || d > 2*net.Delay+sync {
-			t.Errorf("ready %v, joined %v after joining, timed out %v; want ready once the relayed state arrives (%v to %v)", c.Ready(), d, timedOut, 2*net.Delay, 2*net.Delay+sync)
+		if d := joinedAt.Sub(start); !c.Joined() || timedOut || d < 2*net.Delay || d > 2*net.Delay+sync {
+			t.Errorf("ready %v, joined %v after joining, timed out %v; want ready once the relayed state arrives (%v to %v)", c.Joined(), d, timedOut, 2*net.Delay, 2*net.Delay+sync)
 		}
 		if got := total(t, c, net.Local(j), "api", "k"); got != 20 {
 			t.Errorf("the joiner knows a total of %d, want 20", got)
@@ -196,12 +196,12 @@ func TestCoreJoinWaitsForEveryExpectedState(t *testing.T) {
 	stepAll(t, a, now, fullState(t, j, now, "a"))
 	stepAll(t, b, now, fullState(t, j, now, "b"))
 	stepAll(t, j, now, relayTo(t, a, now, "j"))
-	if j.Ready() {
+	if j.Joined() {
 		t.Fatal("ready after a's full state while b's is still expected")
 	}
 	j.ExpectState("a") // a repeated connection of a peer already heard: nothing to wait for
 	stepAll(t, j, now, relayTo(t, b, now, "j"))
-	if !j.Ready() {
+	if !j.Joined() {
 		t.Fatal("not ready after every expected full state arrived")
 	}
 	rep, err := j.Usage(now, "api", "k")

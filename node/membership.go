@@ -49,7 +49,7 @@ type membership struct {
 	// current incarnations of members we count, forgotten after
 	// evictMemory.
 	announced map[crdt.Slot]map[string]time.Time
-	changes   []MemberChange // transitions since the last Ready
+	changes   []MemberChange // transitions since the last Tick (which adds them to the Ready)
 	// quietUntil is when the next member can cross a silence threshold
 	// of updateMembers at the soonest, as of its last pass (zero: not
 	// known). A batch only moves its member's threshold later, so the

@@ -41,7 +41,7 @@ func TestCoreJoinThroughOneSeed(t *testing.T) {
 			c := net.Core(j)
 			joiner, readyN := 0, 0
 			run(t, net, 2*time.Second, func(time.Time) {
-				if c.Ready() && readyN == 0 {
+				if c.Joined() && readyN == 0 {
 					readyN, _ = c.Members()
 					rep, err := c.Usage(net.Local(j), "api", "k")
 					if err != nil {
@@ -107,7 +107,7 @@ func TestCoreRestartThroughOneSeedTakesPeersView(t *testing.T) {
 		t.Fatalf("restored from disk: %d, want the stale 60", got)
 	}
 	net.ReplaceThrough(1, c, 0)
-	for !c.Ready() {
+	for !c.Joined() {
 		run(t, net, time.Millisecond, nil)
 	}
 	if got := total(t, c, net.Local(1), "api", "k"); got != 75 {

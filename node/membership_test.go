@@ -365,20 +365,20 @@ func TestCoreLateBatchDoesNotUndoLeave(t *testing.T) {
 			now := t0
 			stepAll(t, a, now, fullState(t, b, now, "a"))
 			stepAll(t, b, now, fullState(t, a, now, "b"))
-			a.Tick(now)
+			tick(a, now)
 			if _, err := b.Allow(now, "api", "k", limiter.Request{}); err != nil {
 				t.Fatal(err)
 			}
-			early := b.Tick(now).Messages
+			early := tick(b, now).Messages
 			now = now.Add(30 * time.Millisecond)
 			if _, err := b.Allow(now, "api", "k", limiter.Request{}); err != nil {
 				t.Fatal(err)
 			}
-			leave := b.Leave(now).Messages
+			left := leave(b, now).Messages
 			now = now.Add(5 * time.Millisecond)
-			stepAll(t, a, now, leave)
+			stepAll(t, a, now, left)
 			stepAll(t, a, now, early) // late
-			stepAll(t, a, now, leave) // duplicate
+			stepAll(t, a, now, left)  // duplicate
 			stepAll(t, a, now, early) // duplicate, late
 			if st := state(t, a, now, "b"); st != node.Left {
 				t.Errorf("after a late batch the leaver is %v, want left", st)
@@ -389,7 +389,7 @@ func TestCoreLateBatchDoesNotUndoLeave(t *testing.T) {
 			var changes []node.MemberChange
 			for range 200 { // 10 s: past suspect_after, dead_after
 				now = now.Add(50 * time.Millisecond)
-				changes = append(changes, a.Tick(now).Changes...)
+				changes = append(changes, tick(a, now).Changes...)
 			}
 			if n, scale := a.Members(); n != 1 || scale != 1 {
 				t.Errorf("Members() = %d, %v; want 1, 1", n, scale)

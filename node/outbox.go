@@ -575,11 +575,11 @@ func (c *Core) ownEntry(w *crdt.Window) (crdt.WindowEntry, bool) {
 	return crdt.WindowEntry{Rule: s.Rule().Name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: own, Attempted: att}, att != 0 || own != 0
 }
 
-// Pending reports whether own changes wait for the next gossip batch:
+// pending reports whether own changes wait for the next gossip batch:
 // values a decision, a lease or a nack marked dirty, a nacked batch's
 // repair, or a nack's request to publish everything again. False after
-// Leave.
-func (c *Core) Pending() bool {
+// Leave. The runtime asks it to arm its leading edge (Config.PublishGap).
+func (c *Core) pending() bool {
 	return !c.closed && (c.c.Dirty() > 0 || c.out.resendAll || len(c.out.repairs) > 0)
 }
 
@@ -587,18 +587,18 @@ func (c *Core) Pending() bool {
 // at, by Tick, Flush or Leave; zero before the first.
 func (c *Core) LastPublished() time.Time { return c.out.lastSent }
 
-// Flush returns in Messages, at now, the batch a sync would publish — own
-// pending changes, a due repair, what the batch owes (acknowledgement,
-// nacks, echoes) — ahead of the sync tick, and moves the next sync to
-// SyncInterval after now: a sync that came early. It returns nothing, and
-// changes nothing, when no own change is pending (Pending) or after
+// Flush adds to the Ready's Messages, at now, the batch a sync would
+// publish — own pending changes, a due repair, what the batch owes
+// (acknowledgement, nacks, echoes) — ahead of the sync tick, and moves the
+// next sync to SyncInterval after now: a sync that came early. It adds
+// nothing, and changes nothing, when no own change is pending or after
 // Leave. The runtime calls it on the leading edge of a change
 // (Config.PublishGap); the simulator does not, and publishes on the tick
 // alone.
-func (c *Core) Flush(now time.Time) Ready {
-	if !c.Pending() {
-		return Ready{}
+func (c *Core) Flush(now time.Time) {
+	if !c.pending() {
+		return
 	}
 	c.out.nextSync = now.Add(c.cfg.SyncInterval)
-	return Ready{Messages: c.flush(now, 0)}
+	c.ready.Messages = gather(c.ready.Messages, c.flush(now, 0))
 }

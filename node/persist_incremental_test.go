@@ -54,7 +54,7 @@ func TestPersisterExportsOnlyChanged(t *testing.T) {
 
 	t1 := now.Add(100 * time.Millisecond)
 	mustAllow(t, a, t1, "hour", pkey(3), 2)
-	a.Tick(t1) // gossip takes k03 from the container's dirty set
+	tick(a, t1) // gossip takes k03 from the container's dirty set
 	mustAllow(t, a, t1, "hour", pkey(7), 1)
 	mustAllow(t, a, t1, "sec", pkey(1), 1) // too short to persist
 	mustAllow(t, b, t1, "hour", pkey(25), 1)
@@ -254,7 +254,7 @@ func comparePersisters(t *testing.T, seed uint64, rulesA, rulesB []limiter.Rule,
 			}
 		case r < 50:
 			i := rng.IntN(3)
-			for _, bt := range cores[i].Tick(now.Add(skew[i])).Messages {
+			for _, bt := range tick(cores[i], now.Add(skew[i])).Messages {
 				for j, c := range cores {
 					if j != i && rng.IntN(5) > 0 { // some batches are lost
 						if err := c.Step(now.Add(skew[j]), bt); err != nil {
@@ -335,8 +335,8 @@ func TestPersisterSkipsCollectedWindows(t *testing.T) {
 	t1 := now.Add(time.Minute)
 	mustAllow(t, a, t1, "min", pkey(1), 1)
 	mustAllow(t, a, t1, "hour", pkey(1), 1)
-	a.Tick(t1)                      // gossip takes both changes
-	a.Tick(t1.Add(4 * time.Minute)) // the 2-minute window is collected
+	tick(a, t1)                    // gossip takes both changes
+	tick(a, t1.Add(4*time.Minute)) // the 2-minute window is collected
 	f, rf := pa.Export(t1), ref.Export(t1)
 	want := []string{"hour/k01/a 1/1"}
 	if got, ref := exportedKeys(f), exportedKeys(rf); !slices.Equal(got, want) || !slices.Equal(ref, want) {

@@ -34,7 +34,7 @@ func mustAllow(t *testing.T, c *node.Core, now time.Time, rule, key string, n in
 // exchange publishes from's due batches to to.
 func exchange(t *testing.T, from, to *node.Core, now time.Time) {
 	t.Helper()
-	for _, b := range from.Tick(now).Messages {
+	for _, b := range tick(from, now).Messages {
 		if err := to.Step(now, b); err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,7 @@ func TestCoreFlushPublishesPendingChangesEarly(t *testing.T) {
 	c := newCore(t, "a", start, rules, nil)
 	sync := node.DefaultCoreConfig().SyncInterval
 
-	first := c.Tick(start) // the first sync is due at once
+	first := tick(c, start) // the first sync is due at once
 	if len(first.Messages) != 1 || !first.NextTick.Equal(start.Add(sync)) {
 		t.Fatalf("first Tick: %d messages, next tick %v; want 1 and %v", len(first.Messages), first.NextTick, start.Add(sync))
 	}
@@ -27,19 +27,19 @@ func TestCoreFlushPublishesPendingChangesEarly(t *testing.T) {
 		t.Fatalf("LastPublished() = %v, want %v", c.LastPublished(), start)
 	}
 	at := start.Add(3 * time.Millisecond)
-	if c.Pending() {
+	if node.Pending(c) {
 		t.Fatal("Pending() = true before any change")
 	}
-	if rd := c.Flush(at); len(rd.Messages) != 0 {
+	if rd := flush(c, at); len(rd.Messages) != 0 {
 		t.Fatalf("Flush without a change published %d batches", len(rd.Messages))
 	}
 	if _, err := c.Allow(at, "api", "k", limiter.Request{}); err != nil {
 		t.Fatal(err)
 	}
-	if !c.Pending() {
+	if !node.Pending(c) {
 		t.Fatal("Pending() = false after a decision")
 	}
-	rd := c.Flush(at)
+	rd := flush(c, at)
 	if len(rd.Messages) != 1 {
 		t.Fatalf("Flush published %d batches, want 1", len(rd.Messages))
 	}
@@ -47,28 +47,28 @@ func TestCoreFlushPublishesPendingChangesEarly(t *testing.T) {
 	if b.Seq != first.Messages[0].Seq+1 || len(b.Windows) != 1 || b.Windows[0].Key != "k" || b.Windows[0].Admitted != 1 {
 		t.Fatalf("Flush's batch: seq %d, windows %+v; want seq %d and k admitted 1", b.Seq, b.Windows, first.Messages[0].Seq+1)
 	}
-	if c.Pending() || !c.LastPublished().Equal(at) {
-		t.Fatalf("after Flush: Pending() = %v, LastPublished() = %v; want false, %v", c.Pending(), c.LastPublished(), at)
+	if node.Pending(c) || !c.LastPublished().Equal(at) {
+		t.Fatalf("after Flush: Pending() = %v, LastPublished() = %v; want false, %v", node.Pending(c), c.LastPublished(), at)
 	}
 	// The sync came early: the next one is due a whole interval later,
 	// and the tick that was due before publishes nothing.
-	if rd := c.Tick(start.Add(sync)); len(rd.Messages) != 0 || !rd.NextTick.Equal(at.Add(sync)) {
+	if rd := tick(c, start.Add(sync)); len(rd.Messages) != 0 || !rd.NextTick.Equal(at.Add(sync)) {
 		t.Fatalf("Tick at the old sync time: %d messages, next tick %v; want 0 and %v", len(rd.Messages), rd.NextTick, at.Add(sync))
 	}
 	if _, err := c.Allow(at.Add(time.Millisecond), "api", "k", limiter.Request{}); err != nil {
 		t.Fatal(err)
 	}
-	if rd := c.Tick(at.Add(sync)); len(rd.Messages) != 1 || rd.Messages[0].Windows[0].Admitted != 2 {
+	if rd := tick(c, at.Add(sync)); len(rd.Messages) != 1 || rd.Messages[0].Windows[0].Admitted != 2 {
 		t.Fatalf("Tick at the new sync time: %+v, want one batch with k admitted 2", rd.Messages)
 	}
 	if _, err := c.Allow(at.Add(sync), "api", "k", limiter.Request{}); err != nil {
 		t.Fatal(err)
 	}
-	if rd := c.Leave(at.Add(sync)); len(rd.Messages) != 1 || rd.Messages[0].Windows[0].Admitted != 3 {
+	if rd := leave(c, at.Add(sync)); len(rd.Messages) != 1 || rd.Messages[0].Windows[0].Admitted != 3 {
 		t.Fatalf("Leave: %+v, want one batch with k admitted 3", rd.Messages)
 	}
-	if rd := c.Flush(at.Add(sync)); c.Pending() || len(rd.Messages) != 0 {
-		t.Fatalf("after Leave: Pending() = %v, Flush published %d batches; want false, 0", c.Pending(), len(rd.Messages))
+	if rd := flush(c, at.Add(sync)); node.Pending(c) || len(rd.Messages) != 0 {
+		t.Fatalf("after Leave: Pending() = %v, Flush published %d batches; want false, 0", node.Pending(c), len(rd.Messages))
 	}
 }
 

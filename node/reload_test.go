@@ -130,8 +130,8 @@ func TestHeldAndKeysCollected(t *testing.T) {
 		t.Fatalf("held %+v, want 3 keys, 3 windows", h)
 	}
 	later := start.Add(3 * time.Second)
-	c.Tick(start)
-	c.Tick(later)
+	tick(c, start)
+	tick(c, later)
 	if got := c.Stats().KeysCollected; got != 3 {
 		t.Fatalf("keys collected %d, want 3", got)
 	}

@@ -101,7 +101,7 @@ func TestCoreEchoes(t *testing.T) {
 		now = now.Add(d)
 		// Heartbeats are due every 500 ms: move to the next one.
 		for i := 0; i < 1000; i++ {
-			rd := c.Tick(now)
+			rd := tick(c, now)
 			if len(rd.Messages) > 0 {
 				b := rd.Messages[0]
 				if !b.Has(crdt.FlagEcho) {
@@ -194,7 +194,7 @@ func TestCoreEchoes(t *testing.T) {
 func TestCoreEchoesRotate(t *testing.T) {
 	c := newCore(t, "n00", t0, apiRule(limiter.FixedWindow, 1_000_000), nil)
 	now := t0
-	c.Tick(now)
+	tick(c, now)
 	var order []uint32
 	for i := range 10 {
 		p := fmt.Sprintf("p%02d", 9-i) // heard in reverse name order
@@ -212,7 +212,7 @@ func TestCoreEchoesRotate(t *testing.T) {
 		if d, err := c.Allow(now, "api", "k", limiter.Request{}); err != nil || !d.Allowed {
 			t.Fatalf("Allow = %+v, %v", d, err)
 		}
-		rd := c.Tick(now)
+		rd := tick(c, now)
 		if len(rd.Messages) == 0 {
 			t.Fatal("no batch after a change")
 		}
@@ -289,7 +289,7 @@ func TestStepReceivedSamplesAtArrival(t *testing.T) {
 	rules := apiRule(limiter.FixedWindow, 1000)
 	a := newCore(t, "a", t0, rules, nil)
 	b := newCore(t, "b", t0, rules, nil)
-	bs := b.Tick(t0).Messages
+	bs := tick(b, t0).Messages
 	if len(bs) == 0 {
 		t.Fatal("b's first Tick sent nothing")
 	}

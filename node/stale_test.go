@@ -173,7 +173,7 @@ func TestCoreStaleWhenNotCounted(t *testing.T) {
 	run(t, net, 2*time.Second, func(now time.Time) {
 		busy(now)
 		c := net.Core(0)
-		if !c.Ready() || c.Fenced() {
+		if !c.Joined() || c.Fenced() {
 			return
 		}
 		served = true
@@ -186,6 +186,6 @@ func TestCoreStaleWhenNotCounted(t *testing.T) {
 		}
 	})
 	if !served {
-		t.Fatalf("member 0 never served again (ready %v, fenced %v): nothing checked", net.Core(0).Ready(), net.Core(0).Fenced())
+		t.Fatalf("member 0 never served again (ready %v, fenced %v): nothing checked", net.Core(0).Joined(), net.Core(0).Fenced())
 	}
 }

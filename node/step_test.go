@@ -89,7 +89,7 @@ func TestCoreStepIsIdempotent(t *testing.T) {
 					}
 				}
 				for _, a := range authors {
-					for _, b := range a.Tick(now).Messages {
+					for _, b := range tick(a, now).Messages {
 						step(wire(t, b))
 					}
 				}
@@ -101,7 +101,7 @@ func TestCoreStepIsIdempotent(t *testing.T) {
 			}
 			now = now.Add(20 * time.Millisecond) // a sync interval: the last changes go out
 			for _, a := range authors {
-				for _, b := range a.Tick(now).Messages {
+				for _, b := range tick(a, now).Messages {
 					step(wire(t, b))
 				}
 			}
@@ -162,7 +162,7 @@ func TestCoreStepRejectsOwnIdentity(t *testing.T) {
 	if err := c.Step(t0, &newer); err == nil {
 		t.Error("a newer incarnation of our own peer ID was accepted")
 	}
-	c.Leave(t0)
+	leave(c, t0)
 	if err := c.Step(t0, echo); !errors.Is(err, node.ErrClosed) {
 		t.Errorf("Step after Leave = %v, want ErrClosed", err)
 	}

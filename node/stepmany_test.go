@@ -54,7 +54,7 @@ func TestStepManyMatchesStep(t *testing.T) {
 							t.Fatal(err)
 						}
 					}
-					for _, b := range s.Tick(now).Messages {
+					for _, b := range tick(s, now).Messages {
 						pending = append(pending, delivery{now.Add(time.Duration(r.IntN(5)) * time.Millisecond), b})
 					}
 				}
@@ -87,8 +87,8 @@ func TestStepManyMatchesStep(t *testing.T) {
 						t.Fatalf("round %d: %s/%s decided %+v after Step, %+v after StepMany", round, rule, key, a, b)
 					}
 				}
-				one.Tick(now)
-				many.Tick(now)
+				tick(one, now)
+				tick(many, now)
 			}
 			if st := many.Stats(); st.EntriesMerged == 0 {
 				t.Fatal("nothing merged: the test tests nothing")
@@ -107,7 +107,7 @@ func TestStepManyStopsAtError(t *testing.T) {
 	if _, err := s.Allow(now, "sw", "k", limiter.Request{}); err != nil {
 		t.Fatal(err)
 	}
-	good := s.Tick(now).Messages
+	good := tick(s, now).Messages
 	if len(good) == 0 {
 		t.Fatal("no batch to step")
 	}

@@ -379,7 +379,7 @@ func (e *traceEnv) do(cmd string) (string, error) {
 		n, _ := c.Members()
 		serves := "serving"
 		switch {
-		case !c.Ready():
+		case !c.Joined():
 			serves = "joining"
 		case c.Fenced():
 			serves = "fenced"

@@ -87,15 +87,15 @@ func TestCoreMemberTableIsASuggestion(t *testing.T) {
 			t.Errorf("the joiner awaits %d suggested peers; want at most %d from the liar and the seed's 2", got, node.MaxSuggestPerSender+2)
 		}
 		run(t, net, cfg.JoinTimeout-200*time.Millisecond, nil)
-		if c.Ready() {
+		if c.Joined() {
 			t.Error("the joiner is ready before join_timeout with invented suggestions unheard")
 		}
 		if n, _ := c.Members(); n != 4 {
 			t.Errorf("the joining member counts N = %d; want the 4 members it heard", n)
 		}
 		run(t, net, 400*time.Millisecond, nil)
-		if !c.Ready() || c.Fenced() {
-			t.Fatalf("after join_timeout: ready %v, fenced %v; want ready, not fenced", c.Ready(), c.Fenced())
+		if !c.Joined() || c.Fenced() {
+			t.Fatalf("after join_timeout: ready %v, fenced %v; want ready, not fenced", c.Joined(), c.Fenced())
 		}
 		if n, scale := c.Members(); n != 4 || scale != 1 || node.Suggested(c) != 0 {
 			t.Errorf("after join_timeout: Members() = %d, %v, %d suggestions kept; want 4, 1, none", n, scale, node.Suggested(c))
@@ -123,7 +123,7 @@ func TestCoreJoinerAwaitsSuggestedMembers(t *testing.T) {
 	c := net.Core(j)
 	readyN := 0
 	run(t, net, 2*time.Second, func(time.Time) {
-		if c.Ready() && readyN == 0 {
+		if c.Joined() && readyN == 0 {
 			readyN, _ = c.Members()
 		}
 	})
@@ -271,8 +271,8 @@ func TestCoreStrictHealNoCascade(t *testing.T) {
 	}
 	for i := range 5 {
 		c := net.Core(i)
-		if n, scale := c.Members(); n != 5 || scale != 1 || c.Fenced() || !c.Ready() {
-			t.Errorf("member %d after the heal: Members() = %d, %v, fenced %v, ready %v; want 5, 1, not fenced, ready", i, n, scale, c.Fenced(), c.Ready())
+		if n, scale := c.Members(); n != 5 || scale != 1 || c.Fenced() || !c.Joined() {
+			t.Errorf("member %d after the heal: Members() = %d, %v, fenced %v, ready %v; want 5, 1, not fenced, ready", i, n, scale, c.Fenced(), c.Joined())
 		}
 	}
 	first := t0.UnixMilli() / 1000
@@ -334,8 +334,8 @@ func TestCoreRestartOnMinoritySideFences(t *testing.T) {
 				}
 				return
 			}
-			if !c.Ready() || !c.Fenced() || n != 5 {
-				t.Fatalf("restarted on the minority side: ready %v, fenced %v, N = %d; want ready, fenced, 5", c.Ready(), c.Fenced(), n)
+			if !c.Joined() || !c.Fenced() || n != 5 {
+				t.Fatalf("restarted on the minority side: ready %v, fenced %v, N = %d; want ready, fenced, 5", c.Joined(), c.Fenced(), n)
 			}
 			d, err := c.Allow(net.Local(0), "api", "k", limiter.Request{})
 			if err != nil {

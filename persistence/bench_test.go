@@ -129,6 +129,7 @@ func BenchmarkExport(b *testing.B) {
 				b.Fatalf("first export: %d records, want %d", len(f.Windows), keys)
 			}
 			c.Tick(now) // gossip takes the admissions, as the runtime's run loop does
+			c.Ready()   // and hands them over
 			next := 0
 			allow := func(n int) {
 				for range n {
@@ -146,6 +147,7 @@ func BenchmarkExport(b *testing.B) {
 				allow(changed / 2)
 				now = now.Add(cfg.SyncInterval)
 				c.Tick(now)
+				c.Ready()
 				allow(changed - changed/2)
 				b.StartTimer()
 				if f := p.Export(now); len(f.Windows) != changed {

@@ -15,7 +15,7 @@
 //		apply the events due at t        // partitions, crashes, joins, rate changes, churn
 //		deliver the batches due at t     // core.Step(local clock, batch) per receiver
 //		generate the requests of t       // core.Allow per request, Poisson arrivals
-//		tick the nodes due at t          // core.Tick; publish Ready.Messages, send Ready.Direct; next tick at Ready.NextTick
+//		tick the nodes due at t          // core.Tick, then core.Ready to handle: publish Messages, send Direct, next tick at NextTick
 //	}
 //
 // That is what every core sees. The engine runs it faster: a receiver's

@@ -204,12 +204,13 @@ type sim struct {
 	pending     [][]pendMsg // per receiver: delivered, not stepped yet
 	nPending    int
 	calls       []allowCall
-	due         []int32      // nodes whose Tick is due now, in upList order
-	readies     []node.Ready // per node: the Ready of its Tick this ms
-	jobs        []int32      // nodes stepped this ms
-	jobCalls    [][]int32    // per node: its calls this ms, in order
-	isJob       []bool       // per node: listed in jobs
-	isDue       []bool       // per node: listed in due
+	due         []int32         // nodes whose Tick is due now, in upList order
+	readies     []node.Ready    // per node: the Ready of its Tick this ms
+	forming     [][]*crdt.Batch // per initial node: its full state, while the mesh forms (handle)
+	jobs        []int32         // nodes stepped this ms
+	jobCalls    [][]int32       // per node: its calls this ms, in order
+	isJob       []bool          // per node: listed in jobs
+	isDue       []bool          // per node: listed in due
 	mask        int64
 	workers     int
 	parallelMin int
@@ -404,6 +405,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 	}
 	s.refreshUp()
 	states := make([][]*crdt.Batch, sc.Nodes)
+	s.forming = states
 	for i := 0; i < sc.Nodes; i++ {
 		others := make([]string, 0, sc.Nodes-1)
 		for j := 0; j < sc.Nodes; j++ {
@@ -411,10 +413,13 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 				others = append(others, s.nodes[j].peer)
 			}
 		}
-		for _, d := range s.nodes[i].core.AntiEntropy(s.local(i), others...).Direct {
-			states[i] = d.Batches
+		c := s.nodes[i].core
+		c.AntiEntropy(s.local(i), others...)
+		if err := s.handle(i, c.Ready()); err != nil {
+			return nil, err
 		}
 	}
+	s.forming = nil
 	// Every node steps every other's state; nodes share nothing, so the
 	// workers take them in parallel (the error is the lowest node's).
 	errs := make([]error, sc.Nodes)
@@ -708,11 +713,12 @@ func (s *sim) job(r int) error {
 		}
 	}
 	if s.isDue[r] {
-		s.readies[r] = n.core.Tick(now)
+		n.core.Tick(now)
 		s.sides.noteTick(r, n.core) // sides.go
 		if len(s.held[r]) > 0 {
 			s.retryHeld(r, n) // hold.go
 		}
+		s.readies[r] = n.core.Ready() // handled by tick, in upList order
 	}
 	return nil
 }
@@ -776,120 +782,55 @@ func earlier(a, b error) error {
 	return a
 }
 
-func (s *sim) schedule(from int, to int32, b *crdt.Batch, delayMs int64) {
-	slot := (s.now + delayMs) & s.mask
-	s.inbox[slot][to] = append(s.inbox[slot][to], inMsg{b: b, from: int32(from)})
-}
-
-func (s *sim) delayMs() int64 {
-	ns := s.latNs
-	if s.jitNs > 0 {
-		ns += s.rng.Int64N(s.jitNs)
-	}
-	ms := (ns + int64(time.Millisecond) - 1) / int64(time.Millisecond)
-	return max(ms, 1)
-}
-
-func (s *sim) account(from int, b *crdt.Batch, copies uint64) error {
-	data, err := b.Encode()
-	if err != nil {
-		return fmt.Errorf("node %d built a batch that does not encode: %w", from, err)
-	}
-	n := s.nodes[from]
-	bytes := uint64(len(data)) * copies
-	n.bytes += bytes
-	n.msgs += copies
-	s.totBytes += bytes
-	s.totMsgs += copies
-	sec := &s.seconds[s.now/1000]
-	sec.Bytes += bytes
-	sec.Messages += copies
-	return nil
-}
-
-// publish gossips b from node from to every up node in its group.
-func (s *sim) publish(from int, b *crdt.Batch) error {
-	if err := s.account(from, b, 1); err != nil {
-		return err
-	}
-	g := s.nodes[from].group
-	smp := s.maybeSample(from, b)
-	for _, r := range s.upList {
-		if int(r) == from || s.nodes[r].group != g {
-			continue
-		}
-		if smp != nil {
-			smp.add(int(r))
-		}
-		if s.loss > 0 && s.rng.Float64() < s.loss {
-			continue
-		}
-		s.schedule(from, r, b, s.delayMs())
-	}
-	if smp != nil {
-		s.closeDone(from)
-	}
-	return nil
-}
-
-// direct sends batches from node from to node to alone (anti-entropy),
-// never lost.
-func (s *sim) direct(from, to int, bs []*crdt.Batch) {
-	d := s.delayMs()
-	for _, b := range bs {
-		s.schedule(from, int32(to), b, d)
-	}
-}
-
-// relay sends node from's relay of its whole view (bs, the answer to a
-// joiner, restarted or fenced node's FlagWant in its Ready) to that peer,
-// directly, if it is up and reachable.
-func (s *sim) relay(from int, peer string, bs []*crdt.Batch) error {
-	to := -1
-	for _, r := range s.upList {
-		if s.nodes[r].peer == peer {
-			to = int(r)
-		}
-	}
-	if to < 0 || s.nodes[to].group != s.nodes[from].group {
-		return nil
-	}
-	if err := s.countDirect(from, bs); err != nil {
-		return err
-	}
-	s.direct(from, to, bs)
-	return nil
-}
-
-// tick publishes, in upList order, what the Ticks of the nodes due now
-// (run by work) asked to send, and schedules their next Tick.
+// tick hands, in upList order, the Readies of the Ticks of the nodes due
+// now (run by work) to handle, and ends the leases those Ticks expired.
 func (s *sim) tick() error {
 	for _, r := range s.due {
-		n := s.nodes[r]
 		s.isDue[r] = false
 		rd := s.readies[r]
 		s.readies[r] = node.Ready{}
 		s.sides.foldTick(int(r), s.now) // sides.go
-		for _, b := range rd.Messages {
-			if err := s.publish(int(r), b); err != nil {
-				return err
-			}
-		}
-		for _, d := range rd.Direct {
-			for _, p := range d.To {
-				if err := s.relay(int(r), p, d.Batches); err != nil {
-					return err
-				}
-			}
-		}
-		if rd.NewIncarnation != 0 {
-			s.dropStaleLeases(int(r), rd.NewIncarnation) // leases.go: the core dropped its old leases
-			n.inc = rd.NewIncarnation
-			s.reincs = append(s.reincs, Reincarnation{Node: int(r), AtS: float64(s.now) / 1000})
+		if err := s.handle(int(r), rd); err != nil {
+			return err
 		}
 		if err := s.expireNodeLeases(int(r)); err != nil { // leases.go
 			return err
 		}
+	}
+	return nil
+}
+
+// handle acts on rd, the whole of a Ready node r's core handed over: the
+// one place the simulator takes a core's output. It publishes Messages to
+// r's partition group, sends each Direct to the peers it names that are
+// up in r's group (while the initial mesh forms, before time 0, into
+// s.forming instead, which the nodes step at once), notes a new
+// incarnation, and schedules r's next Tick when rd holds a Tick's output
+// (NextTick).
+func (s *sim) handle(r int, rd node.Ready) error {
+	n := s.nodes[r]
+	for _, b := range rd.Messages {
+		if err := s.publish(r, b); err != nil {
+			return err
+		}
+	}
+	for _, d := range rd.Direct {
+		if s.forming != nil {
+			s.forming[r] = d.Batches
+			continue
+		}
+		for _, p := range d.To {
+			if err := s.relay(r, p, d.Batches); err != nil {
+				return err
+			}
+		}
+	}
+	if rd.NewIncarnation != 0 {
+		s.dropStaleLeases(r, rd.NewIncarnation) // leases.go: the core dropped its old leases
+		n.inc = rd.NewIncarnation
+		s.reincs = append(s.reincs, Reincarnation{Node: r, AtS: float64(s.now) / 1000})
+	}
+	if !rd.NextTick.IsZero() {
 		next := rd.NextTick.Sub(epoch) - time.Duration(n.skewNs)
 		ms := int64((next + time.Millisecond - 1) / time.Millisecond)
 		n.nextTick = min(max(ms, s.now+1), s.now+s.syncMs)

@@ -3,8 +3,6 @@ package simulator
 import (
 	"math"
 	"time"
-
-	"github.com/ratemesh/ratemesh/crdt"
 )
 
 func (s *sim) apply(e simEvent) error {
@@ -92,10 +90,9 @@ func (s *sim) apply(e simEvent) error {
 				s.skipped++
 				continue
 			}
-			for _, b := range n.core.Leave(s.local(i)).Messages {
-				if err := s.publish(i, b); err != nil {
-					return err
-				}
+			n.core.Leave(s.local(i))
+			if err := s.handle(i, n.core.Ready()); err != nil {
+				return err
 			}
 			s.dropNodeLeases(i, "left") // leases.go: its leases end with it
 			n.core, n.up, n.gone = nil, false, true
@@ -155,53 +152,13 @@ func (s *sim) groups() []int {
 // change from the old groups connected: each sends the other its full
 // state.
 func (s *sim) reconnect(old []int) error {
-	var to []int32
 	for _, a := range s.upList {
-		to = to[:0]
 		for _, b := range s.upList {
 			if a != b && old[a] != old[b] && s.nodes[a].group == s.nodes[b].group {
-				to = append(to, b)
+				if err := s.fullState(int(a), int(b)); err != nil {
+					return err
+				}
 			}
-		}
-		sts := s.fullStates(int(a), to)
-		for k, b := range to {
-			if err := s.countDirect(int(a), sts[k]); err != nil {
-				return err
-			}
-			s.direct(int(a), int(b), sts[k])
-		}
-	}
-	return nil
-}
-
-// fullStates returns node i's answer to new connections from the nodes
-// to (its Core.AntiEntropy), the batches for to[k] at k; nil for none.
-// The core answers in one Direct per set of peers that decode the same
-// (a member table or not), so peers may get different batches.
-func (s *sim) fullStates(i int, to []int32) [][]*crdt.Batch {
-	if len(to) == 0 {
-		return nil
-	}
-	peers := make([]string, len(to))
-	at := make(map[string]int, len(to))
-	for k, j := range to {
-		peers[k] = s.nodes[j].peer
-		at[peers[k]] = k
-	}
-	out := make([][]*crdt.Batch, len(to))
-	for _, d := range s.nodes[i].core.AntiEntropy(s.local(i), peers...).Direct {
-		for _, p := range d.To {
-			out[at[p]] = d.Batches
-		}
-	}
-	return out
-}
-
-// countDirect counts one direct send of bs by node from.
-func (s *sim) countDirect(from int, bs []*crdt.Batch) error {
-	for _, b := range bs {
-		if err := s.account(from, b, 1); err != nil {
-			return err
 		}
 	}
 	return nil
@@ -271,18 +228,13 @@ func (s *sim) antiEntropy(i, only, skip int) error {
 			to = append(to, r)
 		}
 	}
-	mine := s.fullStates(i, to)
-	for k, r := range to {
-		j := int(r)
-		theirs := s.fullStates(j, []int32{int32(i)})[0]
-		if err := s.countDirect(j, theirs); err != nil {
+	for _, r := range to {
+		if err := s.fullState(int(r), i); err != nil {
 			return err
 		}
-		s.direct(j, i, theirs)
-		if err := s.countDirect(i, mine[k]); err != nil {
+		if err := s.fullState(i, int(r)); err != nil {
 			return err
 		}
-		s.direct(i, j, mine[k])
 	}
 	return nil
 }

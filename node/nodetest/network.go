@@ -56,8 +56,9 @@ type Network struct {
 	// large meshes, and safe as long as cores never modify a batch they
 	// are given (Step must not).
 	ShareDecoded bool
-	// OnReady, when set, sees what each member's Tick returned, after its
-	// messages have been published.
+	// OnReady, when set, sees every Ready a member hands over (after a
+	// Tick, an anti-entropy exchange or a Leave), after its messages have
+	// been published and its Directs sent.
 	OnReady func(i int, now time.Time, rd node.Ready)
 
 	now     time.Time
@@ -237,9 +238,8 @@ func (n *Network) Down(i int) bool { return n.members[i].down }
 // Leave makes member i leave gracefully: it publishes the messages of
 // the core's Leave to every reachable member and then stops, like Crash.
 func (n *Network) Leave(i int) {
-	for _, b := range n.members[i].core.Leave(n.Local(i)).Messages {
-		n.Publish(i, b)
-	}
+	n.members[i].core.Leave(n.Local(i))
+	n.handle(i)
 	n.members[i].down = true
 }
 
@@ -362,10 +362,8 @@ func (n *Network) sendFull(from, to int) {
 	if !n.Reachable(from, to) {
 		return
 	}
-	rd := n.members[from].core.AntiEntropy(n.Local(from), n.members[to].core.Self().Peer)
-	for _, d := range rd.Direct {
-		n.send(from, to, d.Batches)
-	}
+	n.members[from].core.AntiEntropy(n.Local(from), n.members[to].core.Self().Peer)
+	n.handle(from)
 }
 
 // send delivers batches from member from to member to alone, after Delay.
@@ -465,28 +463,30 @@ func (n *Network) Tick() {
 		if m.down {
 			continue
 		}
-		rd := m.core.Tick(n.Local(i))
-		for _, b := range rd.Messages {
-			n.Publish(i, b)
-		}
-		n.sendDirect(i, rd.Direct)
-		if n.OnReady != nil {
-			n.OnReady(i, n.Local(i), rd)
-		}
+		m.core.Tick(n.Local(i))
+		n.handle(i)
 	}
 }
 
-// sendDirect sends each Direct of member from to the reachable members it
-// names.
-func (n *Network) sendDirect(from int, ds []node.Direct) {
-	for _, d := range ds {
+// handle takes member i's Ready and acts on all of it: the one place the
+// network takes a core's output. It publishes Messages, sends each Direct
+// to the reachable members it names, and shows the Ready to OnReady.
+func (n *Network) handle(i int) {
+	rd := n.members[i].core.Ready()
+	for _, b := range rd.Messages {
+		n.Publish(i, b)
+	}
+	for _, d := range rd.Direct {
 		for _, p := range d.To {
 			for j, o := range n.members {
-				if o.core.Self().Peer == p && n.Reachable(from, j) {
-					n.send(from, j, d.Batches)
+				if o.core.Self().Peer == p && n.Reachable(i, j) {
+					n.send(i, j, d.Batches)
 				}
 			}
 		}
+	}
+	if n.OnReady != nil {
+		n.OnReady(i, n.Local(i), rd)
 	}
 }
 
