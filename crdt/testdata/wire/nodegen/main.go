@@ -69,6 +69,7 @@ func run(out, commit string) error {
 		return err
 	}
 	c.Tick(t0)
+	c.Ready() // the first sync's batch is not one of the corpus's
 	now := t0.Add(5 * time.Millisecond)
 	for _, key := range []string{"user:1", "user:1", "clé:🙂"} {
 		if _, err := c.Allow(now, "api", key, limiter.Request{}); err != nil {
@@ -80,12 +81,14 @@ func run(out, commit string) error {
 	}
 	batches := map[string]*crdt.Batch{}
 	now = t0.Add(20 * time.Millisecond)
-	rd := c.Tick(now)
+	c.Tick(now)
+	rd := c.Ready()
 	if len(rd.Messages) != 1 {
 		return fmt.Errorf("the tick published %d batches, want 1", len(rd.Messages))
 	}
 	batches["gossip"] = rd.Messages[0]
-	for _, d := range c.AntiEntropy(now, peer, stranger).Direct {
+	c.AntiEntropy(now, peer, stranger)
+	for _, d := range c.Ready().Direct {
 		if len(d.To) != 1 || len(d.Batches) != 1 {
 			return fmt.Errorf("a full state of %d batches to %v, want one to one peer", len(d.Batches), d.To)
 		}
@@ -104,7 +107,8 @@ func run(out, commit string) error {
 		return err
 	}
 	now = now.Add(20 * time.Millisecond)
-	for _, d := range c.Tick(now).Direct {
+	c.Tick(now)
+	for _, d := range c.Ready().Direct {
 		if len(d.To) == 1 && d.To[0] == peer && len(d.Batches) == 1 {
 			batches["relay"] = d.Batches[0]
 		}
