@@ -114,7 +114,7 @@ func (m *Mesh) apply(ev connEvent) (peer.ID, bool) {
 			delete(m.peers, p)
 			m.trace.removePeer(p)
 			m.log.Debug("peer disconnected", "peer", p.String())
-			m.lost(p, st.announced && !st.leaving, st.addrs)
+			m.lost(p, st.announced, st.leaving, st.addrs)
 		}
 	}
 	return "", false
@@ -326,8 +326,8 @@ func (r *redial) signal(wake bool) {
 const maxLostRedials = 1024
 
 // lost handles the end of p's last connection: a bootstrap peer's loop
-// (keep) redials it; so does one started here for a member (member: it
-// was announced in the spell that ended, and did not announce that it
+// (keep) redials it; so does one started here for a member (announced
+// in the spell that ended, and not leaving: it did not announce that it
 // leaves) that has no loop yet. Members dial each other as they learn of
 // each other (learnAddrs), but only bootstrap peers were redialled: after
 // a partition healed, two members that are not each other's bootstrap
@@ -336,11 +336,13 @@ const maxLostRedials = 1024
 // relays to at most GossipDhi peers, one of them could miss the other's
 // batches — in TestServePartitionHeal a majority member held a minority
 // member dead for 30 s after the heal. The caller is the event loop.
-func (m *Mesh) lost(p peer.ID, member bool, known []ma.Multiaddr) {
+func (m *Mesh) lost(p peer.ID, announced, leaving bool, known []ma.Multiaddr) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if r := m.redials[p]; r != nil {
-		if r.lost && !member {
+		// A spell that was never announced (a redial that reached the
+		// peer as it closed, before identify) is no sign that it left.
+		if r.lost && leaving {
 			// A lost member came back and has now left: its loop ends.
 			delete(m.redials, p)
 			m.lostLoops--
@@ -352,7 +354,7 @@ func (m *Mesh) lost(p peer.ID, member bool, known []ma.Multiaddr) {
 		r.signal(false)
 		return
 	}
-	if !member || m.closed || !m.started || !m.gater.admits(p) {
+	if !announced || leaving || m.closed || !m.started || !m.gater.admits(p) {
 		return
 	}
 	addrs := m.h.Peerstore().Addrs(p)
