@@ -259,19 +259,7 @@ func (n *Node) decideHeld(ctx context.Context, rule, key string, req limiter.Req
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
 	}
-	n.mu.Lock()
-	if n.closed {
-		n.mu.Unlock()
-		return Decision{}, ErrClosed
-	}
-	var d Decision
-	now := n.decisionTime()
-	err := n.core.allowInto(&d, now, rule, key, &req)
-	over := n.core.overBudget
-	n.mu.Unlock()
-	if over {
-		n.publishOver()
-	}
+	d, now, err := n.decide(rule, key, &req)
 	if err == nil && !d.Allowed && d.Reason == limiter.ReasonShare {
 		d, err = n.holdAllow(ctx, d, now, rule, key, req, maxHold, false)
 		if d.Allowed {

@@ -30,19 +30,7 @@ func (n *Node) Allow(ctx context.Context, rule, key string, opts ...Option) (Dec
 			return Decision{}, err
 		}
 	}
-	n.mu.Lock()
-	if n.closed {
-		n.mu.Unlock()
-		return Decision{}, ErrClosed
-	}
-	var d Decision
-	now := n.decisionTime()
-	err := n.core.allowInto(&d, now, rule, key, &req)
-	over := n.core.overBudget
-	n.mu.Unlock()
-	if over {
-		n.publishOver()
-	}
+	d, now, err := n.decide(rule, key, &req)
 	if d.Reason == limiter.ReasonShare && !d.Allowed {
 		d, err = n.holdAllow(ctx, d, now, rule, key, req, -1, true)
 		if d.Allowed {
@@ -50,6 +38,26 @@ func (n *Node) Allow(ctx context.Context, rule, key string, opts ...Option) (Dec
 		}
 	}
 	return d, err
+}
+
+// decide decides one request under the node's mutex at the decision time,
+// which it returns for a hold, and publishes first when the decision took
+// a rule's unpublished credits to the publish budget (Allow, decideHeld).
+func (n *Node) decide(rule, key string, req *limiter.Request) (Decision, time.Time, error) {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return Decision{}, time.Time{}, ErrClosed
+	}
+	var d Decision
+	now := n.decisionTime()
+	err := n.core.allowInto(&d, now, rule, key, req)
+	over := n.core.overBudget
+	n.mu.Unlock()
+	if over {
+		n.publishOver()
+	}
+	return d, now, err
 }
 
 // AllowAll decides several checks as one — per second and per hour, say:
