@@ -43,8 +43,9 @@ type heldRaise struct {
 // touches; 128 with them, no faster.)
 const heldMax = 32
 
-// StepMany steps n batches in order — the ith is at(i)'s batch received at
-// its time — exactly as n calls of Step would, and returns the index of the
+// StepMany steps n batches in order — the ith is at(i)'s batch, merged at
+// now and received at received — exactly as n calls of StepReceived would,
+// and returns the index of the
 // first that fails with its error (n and nil when none does; the batches
 // before it are stepped). The difference is when the window entries merge:
 // Step resolves an entry's window and raises its counter at once, where
@@ -53,17 +54,18 @@ const heldMax = 32
 // counts, so the result is the same, but a replica that hears a thousand
 // members holds its counters in more memory than the CPU caches, each
 // raise is a miss, and in one loop of independent raises the misses
-// overlap instead of each waiting for the one before. The simulator steps
-// a receiver's pending batches this way.
-func (c *Core) StepMany(n int, at func(i int) (time.Time, *crdt.Batch)) (int, error) {
+// overlap instead of each waiting for the one before. The runtime steps
+// the batches queued in its inbox this way, and the simulator a
+// receiver's pending deliveries.
+func (c *Core) StepMany(n int, at func(i int) (now, received time.Time, b *crdt.Batch)) (int, error) {
 	c.holding = true
 	defer func() {
 		c.holding = false
 		c.raiseHeld()
 	}()
 	for i := range n {
-		now, b := at(i)
-		if err := c.Step(now, b); err != nil {
+		now, received, b := at(i)
+		if err := c.StepReceived(now, received, b); err != nil {
 			return i, err
 		}
 		if len(c.held) >= heldMax {

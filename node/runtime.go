@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
 )
 
 // Config configures a Node: the core's settings plus its edges. Start from
@@ -174,6 +176,7 @@ type Node struct {
 	pubMu sync.Mutex
 
 	inbox    chan Inbound
+	burst    []Inbound // step's batches, reused (the run goroutine's alone)
 	connects chan string
 	quit     chan struct{} // closed by Close: stops the loop, releases callbacks
 	loopDone chan struct{}
@@ -366,31 +369,38 @@ func (n *Node) run() {
 }
 
 // step merges in and whatever else is queued, up to stepBurst batches,
-// under one lock. Step adds nothing to the core's Ready: what a merge
-// changes comes out with the next tick's.
+// under one lock, through Core.StepMany (the path the simulator takes
+// too). Step adds nothing to the core's Ready: what a merge changes comes
+// out with the next tick's.
 func (n *Node) step(in Inbound) {
+	burst := append(n.burst[:0], in)
+	for len(burst) < stepBurst {
+		select {
+		case in = <-n.inbox:
+			burst = append(burst, in)
+			continue
+		default:
+		}
+		break
+	}
 	n.mu.Lock()
 	now := n.readClock()
-	for i := 1; ; i++ {
-		if err := n.core.StepReceived(now, in.At, in.Batch); err != nil {
-			n.log.Error("merge", "from", in.Batch.From.String(), "err", err)
-		}
-		more := false
-		if i < stepBurst {
-			select {
-			case in = <-n.inbox:
-				more = true
-			default:
-			}
-		}
-		if !more {
+	for rest := burst; len(rest) > 0; {
+		i, err := n.core.StepMany(len(rest), func(i int) (time.Time, time.Time, *crdt.Batch) {
+			return now, rest[i].At, rest[i].Batch
+		})
+		if err == nil {
 			break
 		}
+		n.log.Error("merge", "from", rest[i].Batch.From.String(), "err", err)
+		rest = rest[i+1:]
 	}
 	joined := n.core.Joined()
 	n.noteHealth()
 	n.armIfPending() // a nack asked for values again
 	n.mu.Unlock()
+	clear(burst) // drop the batches for the collector
+	n.burst = burst[:0]
 	if joined {
 		n.markReady() // the next tick's Ready.Joined logs it
 	}

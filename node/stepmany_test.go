@@ -66,7 +66,7 @@ func TestStepManyMatchesStep(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if i, err := many.StepMany(len(pending), func(i int) (time.Time, *crdt.Batch) { return pending[i].at, pending[i].b }); err != nil || i != len(pending) {
+				if i, err := many.StepMany(len(pending), func(i int) (time.Time, time.Time, *crdt.Batch) { return pending[i].at, pending[i].at, pending[i].b }); err != nil || i != len(pending) {
 					t.Fatalf("StepMany = %d, %v; want %d, nil", i, err, len(pending))
 				}
 				pending = pending[:0]
@@ -114,7 +114,7 @@ func TestStepManyStopsAtError(t *testing.T) {
 	// A batch claiming the receiver's own peer ID with a newer incarnation fails.
 	bad := &crdt.Batch{From: crdt.Slot{Peer: "r", Incarnation: r.Self().Incarnation + 1}}
 	bs := append(append([]*crdt.Batch{}, good...), bad, good[0])
-	i, err := r.StepMany(len(bs), func(i int) (time.Time, *crdt.Batch) { return now, bs[i] })
+	i, err := r.StepMany(len(bs), func(i int) (time.Time, time.Time, *crdt.Batch) { return now, now, bs[i] })
 	if err == nil || i != len(good) {
 		t.Fatalf("StepMany = %d, %v; want %d and an error", i, err, len(good))
 	}

@@ -595,8 +595,9 @@ func (s *sim) flush(r int) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	i, err := s.nodes[r].core.StepMany(len(msgs), func(i int) (time.Time, *crdt.Batch) {
-		return epoch.Add(time.Duration(msgs[i].nowNs)), msgs[i].b
+	i, err := s.nodes[r].core.StepMany(len(msgs), func(i int) (time.Time, time.Time, *crdt.Batch) {
+		at := epoch.Add(time.Duration(msgs[i].nowNs))
+		return at, at, msgs[i].b
 	})
 	if err != nil {
 		return &stepError{at: msgs[i].at, err: fmt.Errorf("node %d: %w", r, err)}
