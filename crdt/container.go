@@ -21,6 +21,7 @@ type Window struct {
 	// size, interleaved if the window before had them interleaved.
 	hintPair int32
 	dirty    bool
+	queued   bool // owner-side, never replicated: see Queue
 
 	Attempted GCounter // attempted credits per slot (≥ admitted)
 
@@ -33,6 +34,25 @@ type Window struct {
 	series           *Series
 	hintAdm, hintAtt int32 // as hintPair, for each counter alone
 }
+
+// Queue marks w as queued in its owner's repair set (package node's
+// outbox) and reports whether it was not queued already. Like Acked, the
+// mark is the owner's bookkeeping and is never replicated; it costs the
+// window no space (it fills padding).
+func (w *Window) Queue() bool {
+	if w.queued {
+		return false
+	}
+	w.queued = true
+	return true
+}
+
+// Unqueue clears the mark Queue set.
+func (w *Window) Unqueue() { w.queued = false }
+
+// Dirty reports whether w is marked dirty (Container.MarkDirty) and not
+// yet taken (TakeDirty).
+func (w *Window) Dirty() bool { return w.dirty }
 
 // Raise merges one slot's admitted and attempted values, exactly as
 // Admitted.Raise(id, admitted) and Attempted.Raise(id, attempted) would,

@@ -18,8 +18,9 @@ import (
 // then, or are published again when a member nacks it.
 
 const (
-	batchEntries = 2000    // entries per published batch; well under crdt.MaxBatchBytes
-	ringCap      = 1 << 14 // published batches awaiting acknowledgement
+	batchEntries = 2000             // entries per published batch; well under crdt.MaxBatchBytes
+	repairSlice  = 4 * batchEntries // the fewest windows of a repair one flush sends
+	ringCap      = 1 << 14          // published batches awaiting acknowledgement
 	// nackedMemory is how many recently nacked seqs of ours we remember,
 	// to tell a repeated nack from one of a batch we no longer hold.
 	nackedMemory = 256
@@ -64,9 +65,15 @@ type outbox struct {
 	// nackedSeqs are the latest seqs of ours served a nack (oldest
 	// first, at most nackedMemory), so their repeats are ignored.
 	nackedSeqs []uint64
-	// The windows and lease counters published since the last repair.
-	repairWin map[*crdt.Window]struct{}
-	repairLs  map[*crdt.Series]struct{}
+	// changed holds the windows published since the last repair began,
+	// in the order first published, each marked (crdt.Window.Queue);
+	// repairLs the lease counters.
+	changed  []*crdt.Window
+	repairLs map[*crdt.Series]struct{}
+	// repairing holds the windows of the repair under way still to go
+	// out, still marked; each flush sends the next repairPer of them.
+	repairing []*crdt.Window
+	repairPer int
 	// repairs are nacked batches' windows to publish again tagged as
 	// repairs (crdt.Repair), in the order the nacks came.
 	repairs   []repairGroup
@@ -89,7 +96,6 @@ type outbox struct {
 // is due at once, its first repair after repairEvery.
 func newOutbox(now time.Time, repairEvery time.Duration) outbox {
 	return outbox{
-		repairWin:  make(map[*crdt.Window]struct{}),
 		repairLs:   make(map[*crdt.Series]struct{}),
 		nextSync:   now,
 		nextRepair: now.Add(repairEvery),
@@ -185,39 +191,77 @@ func (o *outbox) ackDelay() time.Duration {
 	return time.Duration(o.ackMs * float64(time.Millisecond))
 }
 
-// published adds values about to be published to the next repair.
+// published adds windows and lease counters about to be published to
+// the next repair.
 func (o *outbox) published(wins []*crdt.Window, ls []*crdt.Series) {
 	for _, w := range wins {
-		o.repairWin[w] = struct{}{}
+		if w.Queue() {
+			o.changed = append(o.changed, w)
+		}
 	}
 	for _, s := range ls {
 		o.repairLs[s] = struct{}{}
 	}
 }
 
-// repairSet returns the windows and lease counters changed since the last
-// repair that are not already in wins and ls, appended to them, and starts
-// the next repair's set.
-func (o *outbox) repairSet(wins []*crdt.Window, ls []*crdt.Series) ([]*crdt.Window, []*crdt.Series) {
-	for _, w := range wins {
-		delete(o.repairWin, w)
+// startRepair begins the repair of the windows published since the last
+// one began, queued after whatever of the last is still to go out. A
+// flush sends repairSlice of them, or more when there are so many that
+// less would not send them all within one repair interval (every) of
+// syncs (sync): a repair of a million windows, a burst of new keys, goes
+// out over the syncs that follow instead of stalling one of them (the
+// runtime holds the lock decisions take while it builds the batches).
+func (o *outbox) startRepair(every, sync time.Duration) {
+	if len(o.repairing) == 0 {
+		o.repairing, o.changed = o.changed, o.repairing[:0]
+	} else {
+		o.repairing = append(o.repairing, o.changed...)
+		clear(o.changed)
+		o.changed = o.changed[:0]
 	}
+	per := len(o.repairing)
+	if every > sync {
+		per = int(int64(per)*int64(sync)/int64(every)) + 1
+	}
+	o.repairPer = max(per, repairSlice)
+}
+
+// takeRepair appends to dst the next slice of the repair under way,
+// sorted, and clears their marks. It leaves out the windows marked dirty,
+// which this flush publishes fresh: call it before Container.TakeDirty.
+func (o *outbox) takeRepair(dst []*crdt.Window) []*crdt.Window {
+	n := min(o.repairPer, len(o.repairing))
+	if n == 0 {
+		return dst
+	}
+	start := len(dst)
+	for _, w := range o.repairing[:n] {
+		w.Unqueue()
+		if !w.Dirty() {
+			dst = append(dst, w)
+		}
+	}
+	clear(o.repairing[:n])
+	if o.repairing = o.repairing[n:]; len(o.repairing) == 0 {
+		o.repairing = nil // let a burst's array go
+	}
+	sortWindows(dst[start:])
+	return dst
+}
+
+// repairLeases returns the lease counters changed since the last repair
+// that are not in ls, appended to it, and starts the next repair's set.
+func (o *outbox) repairLeases(ls []*crdt.Series) []*crdt.Series {
 	for _, s := range ls {
 		delete(o.repairLs, s)
 	}
-	extra := make([]*crdt.Window, 0, len(o.repairWin))
-	for w := range o.repairWin {
-		extra = append(extra, w)
-	}
-	sortWindows(extra)
-	extraLs := make([]*crdt.Series, 0, len(o.repairLs))
+	extra := make([]*crdt.Series, 0, len(o.repairLs))
 	for s := range o.repairLs {
-		extraLs = append(extraLs, s)
+		extra = append(extra, s)
 	}
-	sortSeries(extraLs)
-	clear(o.repairWin)
+	sortSeries(extra)
 	clear(o.repairLs)
-	return append(wins, extra...), append(ls, extraLs...)
+	return append(ls, extra...)
 }
 
 // reset starts a new gossip sequence: the member took a new incarnation.
@@ -297,22 +341,33 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		}
 		groups = nil
 	}
-	wins, ls := c.c.TakeDirty()
-	c.resetBudgets()
-	o.published(wins, ls)
-	for _, w := range wins {
-		c.notePersist(w)
-	}
 	for _, g := range groups {
 		for _, sw := range g.wins {
-			o.repairWin[sw.w] = struct{}{} // as published does
+			if sw.w.Queue() { // as published does
+				o.changed = append(o.changed, sw.w)
+			}
 			c.notePersist(sw.w)
 		}
 	}
-	if !now.Before(o.nextRepair) {
+	repairDue := !now.Before(o.nextRepair)
+	if repairDue {
 		o.nextRepair = now.Add(c.cfg.RepairInterval)
-		wins, ls = o.repairSet(wins, ls)
+		o.startRepair(c.cfg.RepairInterval, c.cfg.SyncInterval)
 	}
+	repair := o.takeRepair(nil) // before TakeDirty: it leaves out the fresh
+	wins, ls := c.c.TakeDirty()
+	c.resetBudgets()
+	if repairDue {
+		// The fresh values go out now, with the repair: the next repair
+		// repeats only what changes after it.
+		ls = o.repairLeases(ls)
+	} else {
+		o.published(wins, ls)
+	}
+	for _, w := range wins {
+		c.notePersist(w)
+	}
+	wins = append(wins, repair...)
 	groups = withoutFresh(groups, wins)
 	nacks, first := takeNacks(c.members.order)
 	c.stats.NacksSent += uint64(first)

@@ -1,7 +1,9 @@
 package node
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,20 +117,75 @@ func TestOutboxAckedMarksAcknowledged(t *testing.T) {
 }
 
 // TestOutboxRepairSet checks the repair set: what was published since the
-// last repair and is not in this batch anyway, sorted, then nothing.
+// last repair and is not in this batch anyway (dirty), sorted, then nothing.
 func TestOutboxRepairSet(t *testing.T) {
-	ws := windows(4)
-	o := newOutbox(tIn, time.Second)
-	o.published([]*crdt.Window{ws[3], ws[1], ws[0]}, []*crdt.Series{ws[2].Series()})
-	wins, ls := o.repairSet([]*crdt.Window{ws[1]}, nil)
-	if !slices.Equal(wins, []*crdt.Window{ws[1], ws[0], ws[3]}) {
-		t.Errorf("repair windows = %v, want this batch's (b) then a, d", keysOf(wins))
+	c := crdt.NewContainer()
+	set := c.Rule("r")
+	var ws []*crdt.Window
+	for i := range 4 {
+		ws = append(ws, set.Ensure(string(rune('a'+i))).EnsureWindow(1000, 5))
 	}
-	if len(ls) != 1 || ls[0] != ws[2].Series() {
+	o := newOutbox(tIn, time.Second)
+	o.published([]*crdt.Window{ws[3], ws[1], ws[0], ws[1]}, []*crdt.Series{ws[2].Series()})
+	if len(o.changed) != 3 {
+		t.Fatalf("published a window twice: changed holds %d, want 3", len(o.changed))
+	}
+	c.MarkDirty(ws[1]) // this flush's own
+	o.startRepair(time.Second, 100*time.Millisecond)
+	if wins := o.takeRepair(nil); !slices.Equal(wins, []*crdt.Window{ws[0], ws[3]}) {
+		t.Errorf("repair windows = %v, want a, d (b goes out fresh)", keysOf(wins))
+	}
+	if ls := o.repairLeases(nil); len(ls) != 1 || ls[0] != ws[2].Series() {
 		t.Errorf("repair lease counters = %d, want c's", len(ls))
 	}
-	if wins, ls := o.repairSet(nil, nil); len(wins)+len(ls) != 0 {
-		t.Errorf("a second repair with nothing published repeats %d values", len(wins)+len(ls))
+	c.TakeDirty()
+	o.published([]*crdt.Window{ws[1]}, nil) // the repair cleared b's mark: it queues again
+	o.startRepair(time.Second, 100*time.Millisecond)
+	if wins := o.takeRepair(nil); !slices.Equal(wins, []*crdt.Window{ws[1]}) {
+		t.Errorf("second repair = %v, want b", keysOf(wins))
+	}
+	o.startRepair(time.Second, 100*time.Millisecond)
+	if wins, ls := o.takeRepair(nil), o.repairLeases(nil); len(wins)+len(ls) != 0 {
+		t.Errorf("a third repair with nothing published repeats %d values", len(wins)+len(ls))
+	}
+}
+
+// TestOutboxRepairSlices checks that a repair of more windows than a
+// flush sends goes out in slices, each sorted, all within one repair
+// interval of syncs, every window once.
+func TestOutboxRepairSlices(t *testing.T) {
+	set := crdt.NewContainer().Rule("r")
+	const n = 10 * repairSlice
+	var ws []*crdt.Window
+	for i := range n {
+		ws = append(ws, set.Ensure(fmt.Sprintf("k%06d", n-i)).EnsureWindow(1000, 5))
+	}
+	o := newOutbox(tIn, time.Second)
+	o.published(ws, nil)
+	o.startRepair(time.Second, 200*time.Millisecond) // 5 syncs per repair
+	seen := make(map[*crdt.Window]bool)
+	flushes := 0
+	for len(seen) < n && flushes < 10 {
+		part := o.takeRepair(nil)
+		flushes++
+		if len(part) > n/5+1 {
+			t.Fatalf("flush %d sent %d windows, want at most %d", flushes, len(part), n/5+1)
+		}
+		if !slices.IsSortedFunc(part, func(a, b *crdt.Window) int { return strings.Compare(a.Series().Key, b.Series().Key) }) {
+			t.Fatalf("flush %d's slice is not sorted", flushes)
+		}
+		for _, w := range part {
+			if seen[w] {
+				t.Fatalf("window %s repaired twice", w.Series().Key)
+			}
+			seen[w] = true
+		}
+	}
+	if len(seen) != n || flushes != 5 {
+		t.Errorf("repaired %d of %d windows in %d flushes, want all in 5", len(seen), n, flushes)
+	}
+	if o.repairing != nil {
+		t.Errorf("a finished repair keeps its array (%d)", cap(o.repairing))
 	}
 }
 
