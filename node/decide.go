@@ -295,7 +295,7 @@ func (c *Core) usage(now time.Time, rule, key string, window *int64) (UsageRepor
 	r := l.Rule()
 	rep := UsageReport{Rule: rule, Key: key, WindowMs: r.WindowMs(), QuotaMs: r.QuotaMs()}
 	s := l.Set().Series(key)
-	if r.Algorithm == limiter.Concurrency {
+	if r.Leased() {
 		if s != nil {
 			rep.Total = uint64(s.Leases.ValueWhere(c.liveSlot))
 			s.Leases.P.Each(func(id crdt.SlotID, p uint64) {
