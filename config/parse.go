@@ -307,7 +307,7 @@ func parseRule(i int, rn *yaml.Node) parsedRule {
 		pr.err = ruleErr(i, pr.name, err)
 		return pr
 	}
-	if r.Algorithm != limiter.Concurrency && r.LeaseTTL != 0 {
+	if !r.Leased() && r.LeaseTTL != 0 {
 		// The documented example sets lease_ttl on a windowed rule ("concurrency
 		// only"): it does not apply there, and saying so beats refusing it.
 		pr.warning = fmt.Sprintf("%s: applies to concurrency rules only; ignored for %s", rulePath(i, pr.name, "lease_ttl"), r.Algorithm)

@@ -4,7 +4,6 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ratemesh/ratemesh/limiter"
 )
@@ -18,39 +17,20 @@ import (
 const DefaultSafetyFactor = 16
 
 // PlausibleBound returns the largest value one slot may hold for r in one
-// window (a token bucket's epoch): the most r can admit there × factor (0
-// means DefaultSafetyFactor). The most a windowed or concurrency rule
-// admits is its limit (or its largest override, if higher) × its largest
-// class multiplier (at least 1); a token bucket admits its max plus what
-// it refills over an epoch (BucketEpochMs), scaled alike. A rule with an
-// unlimited class or in shadow mode (which counts without ever denying)
-// has no bound: ok is false, as it is when the bound is beyond any
+// window (a token bucket's epoch): the most r can admit there
+// (limiter.Rule.MostAdmissible) × factor (0 means DefaultSafetyFactor).
+// A rule whose admissions nothing bounds (an unlimited class, shadow
+// mode) has no bound: ok is false, as it is when the bound is beyond any
 // counter. r must be normalised.
 func PlausibleBound(r *limiter.Rule, factor uint64) (bound uint64, ok bool) {
 	if factor == 0 {
 		factor = DefaultSafetyFactor
 	}
-	if r.Shadow {
+	most, ok := r.MostAdmissible()
+	if !ok {
 		return 0, false
 	}
-	limit := r.Limit
-	for _, o := range r.Overrides {
-		limit = max(limit, o)
-	}
-	mult := 1.0
-	for _, c := range r.Classes {
-		if c.Unlimited {
-			return 0, false
-		}
-		mult = max(mult, c.Multiplier)
-	}
-	most := float64(limit)
-	if r.Algorithm == limiter.TokenBucket && r.Limit > 0 && r.Interval > 0 {
-		// Refill scales with an override as max does (limit/r.Limit).
-		epochs := float64(r.BucketEpochMs()) * float64(time.Millisecond) / float64(r.Interval)
-		most += float64(r.Refill) * float64(limit) / float64(r.Limit) * epochs
-	}
-	b := math.Ceil(math.Ceil(most*mult) * float64(factor))
+	b := math.Ceil(float64(most) * float64(factor))
 	if b >= math.MaxUint64/2 {
 		return 0, false // beyond any counter: nothing to check
 	}

@@ -158,25 +158,17 @@ const forwardMargin = 20 * time.Millisecond
 
 // lotteryPeers returns the alive members, nearest rank first, whose
 // lottery draws admit the request as this member sees its key (see
-// limiter.Limiter.LotteryWinners), or nil.
+// limiter.Limiter.LotteryWinners) under the env its own decision takes
+// (setUp: a reclaim hold included), or nil.
 func (c *Core) lotteryPeers(now time.Time, rule, key string, req *limiter.Request, lease bool) []string {
 	if !c.join.joined || c.members.n < 2 {
 		return nil
 	}
-	l, err := c.limiter(rule)
-	if err != nil {
+	var s setup
+	if err := c.setUp(&s, now, rule, key, req, lease); err != nil {
 		return nil
 	}
-	var ch limiter.Check
-	if lease {
-		ch, err = l.ResolveLease(key, req.Class)
-	} else {
-		ch, err = l.Resolve(key, *req)
-	}
-	if err != nil {
-		return nil
-	}
-	ranks := l.LotteryWinners(ch, c.env(now), c.liveSlot)
+	ranks := s.l.LotteryWinners(s.ch, s.env, c.liveSlot)
 	if len(ranks) == 0 {
 		return nil
 	}

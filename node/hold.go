@@ -99,30 +99,22 @@ func (c *Core) Retry(now time.Time, rule, key string, req limiter.Request, count
 
 // retryAllow is Retry writing into *d and counted.
 func (c *Core) retryAllow(d *limiter.Decision, now time.Time, rule, key string, req *limiter.Request, counted *int64) error {
-	l, err := c.limiter(rule)
-	if err != nil {
+	var s setup
+	if err := c.setUp(&s, now, rule, key, req, false); err != nil {
 		return err
 	}
-	ch, err := l.Resolve(key, *req)
-	if err != nil {
-		return err
-	}
-	env := c.env(now)
 	if c.gated {
-		*d = c.gate(l, ch, now, env)
+		*d = c.gate(&s, now)
 		return nil
 	}
-	if c.reclaimHold.fromMs != 0 {
-		c.reclaimHold.apply(l.Rule(), &env)
-	}
-	*d = l.Decide(ch, env)
+	*d = s.l.Decide(s.ch, s.env)
 	c.staleReason(d)
 	if d.Reason != limiter.ReasonKeyCap {
-		*counted = l.RecordRetry(ch, d.Allowed, env.NowMs, *counted)
+		*counted = s.l.RecordRetry(s.ch, d.Allowed, s.env.NowMs, *counted)
 	}
 	if d.Allowed {
 		c.count(d)
-		c.noteRequest(l, d, req)
+		c.noteRequest(s.l, d, req)
 	}
 	return nil
 }

@@ -100,26 +100,21 @@ func (t *leaseTable) list() []Lease {
 // lease, owned by this member, expiring after the rule's lease_ttl unless
 // renewed.
 func (c *Core) Acquire(now time.Time, rule, key, class string) (Lease, limiter.Decision, error) {
-	l, err := c.limiter(rule)
-	if err != nil {
+	var s setup
+	if err := c.setUp(&s, now, rule, key, &limiter.Request{Class: class}, true); err != nil {
 		return Lease{}, limiter.Decision{}, err
 	}
-	ch, err := l.ResolveLease(key, class)
-	if err != nil {
-		return Lease{}, limiter.Decision{}, err
-	}
-	env := c.env(now)
 	if c.gated {
-		return Lease{}, c.gate(l, ch, now, env), nil
+		return Lease{}, c.gate(&s, now), nil
 	}
-	d := l.DecideLease(ch, env, c.liveSlot)
+	d := s.l.DecideLease(s.ch, s.env, c.liveSlot)
 	c.staleReason(&d)
 	c.count(&d)
 	if !d.Allowed {
 		return Lease{}, d, nil
 	}
-	l.RecordLease(key, 1)
-	ls := c.leases.grant(c.self, rule, key, now.Add(l.Rule().LeaseTTL))
+	s.l.RecordLease(key, 1)
+	ls := c.leases.grant(c.self, rule, key, now.Add(s.l.Rule().LeaseTTL))
 	return Lease{ID: ls.id, Rule: rule, Key: key, Expires: ls.expires}, d, nil
 }
 

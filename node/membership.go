@@ -545,13 +545,9 @@ func (h *reclaimHold) apply(r *limiter.Rule, env *limiter.Env) {
 	if h.fromMs == 0 {
 		return
 	}
-	wms := r.WindowMs()
-	if wms <= 0 {
-		return // concurrency: an evicted member's leases stop counting at once
-	}
-	start := env.NowMs / wms * wms
-	if r.Algorithm == limiter.SlidingWindow {
-		start -= wms
+	start, ok := r.OldestWindowStart(env.NowMs)
+	if !ok {
+		return // leases: an evicted member's leases stop counting at once
 	}
 	if start < h.fromMs && h.scale < env.Scale {
 		env.Scale = h.scale

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
-	"github.com/ratemesh/ratemesh/limiter"
 )
 
 // Persister decides what of a Core survives a restart: it restores the
@@ -129,7 +128,7 @@ func (p *Persister) Restore(now time.Time, recs []WindowRecord, leases []Lease) 
 	nowMs := c.MeshMs(now)
 	for _, r := range recs {
 		l := c.limiters[r.Rule]
-		if l == nil || l.Rule().Algorithm == limiter.Concurrency || l.Rule().WindowMs() != r.WindowMs ||
+		if l == nil || l.Rule().Leased() || l.Rule().WindowMs() != r.WindowMs ||
 			r.WindowMs <= 0 || r.CollectAt() <= nowMs || r.Slot == c.self || r.Slot.Peer == "" || r.Slot.Incarnation == 0 {
 			st.SkippedWindows++
 			continue
@@ -151,7 +150,7 @@ func (p *Persister) Restore(now time.Time, recs []WindowRecord, leases []Lease) 
 	for _, ls := range leases {
 		p.leases[ls.ID] = ls.Expires // on disk: released below unless restored
 		l := c.limiters[ls.Rule]
-		if l == nil || l.Rule().Algorithm != limiter.Concurrency || !now.Before(ls.Expires) || c.leases.byID[ls.ID] != nil {
+		if l == nil || !l.Rule().Leased() || !now.Before(ls.Expires) || c.leases.byID[ls.ID] != nil {
 			st.SkippedLeases++
 			continue
 		}
@@ -174,7 +173,7 @@ func eachPersisted(c *Core, minWindowMs, nowMs int64, f func(w *crdt.Window)) {
 	for _, name := range c.RuleNames() {
 		l := c.limiters[name]
 		r := l.Rule()
-		if r.Algorithm == limiter.Concurrency || r.WindowMs() < minWindowMs {
+		if r.Leased() || r.WindowMs() < minWindowMs {
 			continue
 		}
 		l.Set().Each(func(s *crdt.Series) {
@@ -199,7 +198,7 @@ func (p *Persister) persisted(w *crdt.Window, nowMs int64) bool {
 	if l == nil || l.Set() != rs {
 		return false
 	}
-	if r := l.Rule(); r.Algorithm == limiter.Concurrency || r.WindowMs() < p.minWindowMs {
+	if r := l.Rule(); r.Leased() || r.WindowMs() < p.minWindowMs {
 		return false
 	}
 	// Not collected since it changed (mesh time may step back).

@@ -40,7 +40,7 @@ func (c *Core) SetRules(rules []limiter.Rule) error {
 	}
 	var dropped []*lease
 	for _, ls := range c.leases.byID {
-		if l := next[ls.rule]; l == nil || l.Rule().Algorithm != limiter.Concurrency {
+		if l := next[ls.rule]; l == nil || !l.Rule().Leased() {
 			dropped = append(dropped, ls)
 		}
 	}

@@ -356,8 +356,8 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 			}
 			ra.keys = append(ra.keys, keyAcc{win: math.MinInt64})
 			ra.limits = append(ra.limits, lim)
-			if ra.rule.Algorithm == limiter.TokenBucket {
-				ra.refs = append(ra.refs, newRefBucket(&ra.rule, lim)) // bucket.go
+			if ref, ok := ra.rule.Reference(lim); ok {
+				ra.refs = append(ra.refs, ref)
 			}
 			ra.wellBehaved = append(ra.wellBehaved, w.WellBehaved)
 			ra.keyClass = append(ra.keyClass, w.Class) // credits.go

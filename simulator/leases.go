@@ -56,7 +56,7 @@ const maxTrackedKeys = 8
 // concurrency rule's workload, cost, type, units and well_behaved to a
 // windowed rule's.
 func buildLease(field string, rw rawWorkload, r *limiter.Rule, w *Workload) error {
-	if r.Algorithm != limiter.Concurrency {
+	if !r.Leased() {
 		if rw.Hold != "" {
 			return errf(field+".hold", "applies to a concurrency rule's workload; rule %q is %s", r.Name, r.Algorithm)
 		}

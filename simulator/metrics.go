@@ -13,7 +13,7 @@ type keyAcc struct {
 	win              int64
 	offReq, admReq   uint64
 	offCred, admCred uint64
-	refCred          uint64 // token_bucket: credits the key's reference bucket admitted (bucket.go)
+	refCred          uint64 // credits the key's limiter.Reference admitted (rules with one)
 }
 
 // winAgg is one rule's window over all its keys.
@@ -45,10 +45,10 @@ type ruleAcc struct {
 	keyClass          []string // per key: its workload's class (credits.go)
 	classes           map[string]*classAcc
 	conv              []int64
-	lr                *leaseRule  // a concurrency rule's lease accounting (leases.go); nil for windowed rules
-	refs              []refBucket // a token_bucket rule's reference bucket per key (bucket.go); nil otherwise
-	key0              string      // the rule's first key (its first workload's k0), profiled alone in inWindowKey
-	inWindowKey       []uint64    // key0's admitted credits per 50 ms of the window (inwindow.go)
+	lr                *leaseRule          // a concurrency rule's lease accounting (leases.go); nil for windowed rules
+	refs              []limiter.Reference // per key, of a rule that has one (a token bucket); nil otherwise
+	key0              string              // the rule's first key (its first workload's k0), profiled alone in inWindowKey
+	inWindowKey       []uint64            // key0's admitted credits per 50 ms of the window (inwindow.go)
 
 	// Per side of the first partition (sides.go); nil without one.
 	sides      *sideState
@@ -57,8 +57,8 @@ type ruleAcc struct {
 }
 
 // windowLimit returns key k's limit in its closing window acc: the rule's
-// (0: unlimited), or for a token bucket what its reference bucket admitted
-// (at least 1).
+// (0: unlimited), or for a rule with a limiter.Reference (a token bucket)
+// what the key's reference admitted (at least 1).
 func (ra *ruleAcc) windowLimit(k int, acc *keyAcc) uint64 {
 	if lim := ra.limits[k]; lim == 0 || ra.refs == nil {
 		return lim

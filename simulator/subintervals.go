@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-
-	"github.com/ratemesh/ratemesh/limiter"
 )
 
 // SubMs is the length of a sub-interval: the finer grain, below the rule
@@ -63,19 +61,14 @@ func (s *sim) noteSub(ws *workloadState, k int, cost uint64) {
 	}
 }
 
-// keyRate returns key gk's limit in credits per ms of true time: the
-// limit spread evenly over the window, or a token bucket's refill rate
-// (scaled as its class or override scales the bucket); 0 when the key's
-// class is unlimited or the rule has no window (concurrency).
+// keyRate returns key gk's limit in credits per ms of true time
+// (limiter.Rule.RatePerMs); 0 when the key's class is unlimited or the
+// rule has no window (concurrency).
 func (ra *ruleAcc) keyRate(gk int) float64 {
 	if gk >= len(ra.limits) || ra.limits[gk] == 0 || ra.wms <= 0 {
 		return 0
 	}
-	lim := float64(ra.limits[gk])
-	if ra.rule.Algorithm == limiter.TokenBucket {
-		return lim / float64(ra.rule.Limit) * float64(ra.rule.Refill) / float64(ra.rule.Interval.Milliseconds())
-	}
-	return lim / float64(ra.wms)
+	return ra.rule.RatePerMs(ra.limits[gk])
 }
 
 // subRows returns every workload's sub-intervals that lie within the run,

@@ -155,7 +155,7 @@ func (s *sim) generate() {
 			acc.offReq++
 			acc.offCred += cost
 			if ra.refs != nil {
-				acc.refCred += ra.refs[gk].take(nowMs, cost) // bucket.go
+				acc.refCred += ra.refs[gk].Take(nowMs, cost)
 			}
 			s.requests++
 			i := s.pickNode(ws)
