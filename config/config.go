@@ -121,6 +121,9 @@ type Node struct {
 	FlushInterval time.Duration
 	// PersistMinWindow: windows at least this long survive restarts.
 	PersistMinWindow time.Duration
+	// MaxKeys caps the keys the node holds over every rule (see
+	// node.CoreConfig.MaxKeys): new keys past it are denied (key_cap).
+	MaxKeys int
 	// HTTP bounds the API server (node.http).
 	HTTP HTTP
 }
@@ -263,6 +266,7 @@ func Default() Config {
 			JoinTimeout:      cc.JoinTimeout,
 			FlushInterval:    time.Second, // at most a second of long-window counts lost to a crash
 			PersistMinWindow: time.Minute, // shorter windows are over before a restart completes
+			MaxKeys:          cc.MaxKeys,  // about 3 GB of keys
 			HTTP: HTTP{
 				ReadTimeout:    10 * time.Second, // a decision request is a few hundred bytes: 10 s is generous, and cuts slow-loris clients
 				WriteTimeout:   10 * time.Second, // answers are small; a client that does not read them is let go
@@ -391,6 +395,7 @@ func (c *Config) NodeConfig(base node.Config) node.Config {
 	cc.MeshConfig = c.Mesh.MeshConfig
 	cc.Rules = append([]limiter.Rule(nil), c.Rules...)
 	cc.JoinTimeout = c.Node.JoinTimeout
+	cc.MaxKeys = c.Node.MaxKeys
 	cc.Join = len(c.Node.Bootstrap) > 0 // dns: entries too
 	base.FlushInterval = c.Node.FlushInterval
 	base.PersistMinWindow = c.Node.PersistMinWindow
@@ -500,6 +505,9 @@ func (n *Node) validate() []error {
 		{"node.http.read_timeout", n.HTTP.ReadTimeout}, {"node.http.write_timeout", n.HTTP.WriteTimeout},
 		{"node.http.idle_timeout", n.HTTP.IdleTimeout},
 	})
+	if n.MaxKeys < 1 {
+		bad("node.max_keys", "must be at least 1, got %d", n.MaxKeys)
+	}
 	switch h := n.HTTP; {
 	case h.MaxHeaderBytes < minHeaderBytes || h.MaxHeaderBytes > maxHeaderBytes:
 		bad("node.http.max_header_bytes", "%d, must be within %d and %d", h.MaxHeaderBytes, minHeaderBytes, maxHeaderBytes)
@@ -662,6 +670,7 @@ func ChangedSettings(running *Config, data []byte) []string {
 		{"node.allow_peers_dns", a.Node.AllowPeersDNS, b.Node.AllowPeersDNS},
 		{"node.join_timeout", a.Node.JoinTimeout, b.Node.JoinTimeout}, {"node.flush_interval", a.Node.FlushInterval, b.Node.FlushInterval},
 		{"node.persist_min_window", a.Node.PersistMinWindow, b.Node.PersistMinWindow},
+		{"node.max_keys", a.Node.MaxKeys, b.Node.MaxKeys},
 	}
 	ka, kb := meshKeys(&a.Mesh), meshKeys(&b.Mesh)
 	for i := range ka {

@@ -125,6 +125,21 @@ func TestHTTPSection(t *testing.T) {
 	}
 }
 
+// TestNodeMaxKeys: node.max_keys's default, as written, into the node's
+// CoreConfig.
+func TestNodeMaxKeys(t *testing.T) {
+	if got := config.Default().Node.MaxKeys; got != node.DefaultMaxKeys {
+		t.Fatalf("default node.max_keys %d, want %d", got, node.DefaultMaxKeys)
+	}
+	cfg, err := config.Parse([]byte("node: {max_keys: 2000}\n"))
+	if err != nil || cfg.Node.MaxKeys != 2000 {
+		t.Fatalf("max_keys 2000: %d %v", cfg.Node.MaxKeys, err)
+	}
+	if got := cfg.NodeConfig(node.DefaultConfig()).MaxKeys; got != 2000 {
+		t.Fatalf("the node's MaxKeys %d, want 2000", got)
+	}
+}
+
 // TestAllowPeers: the allowlist keys of the node section, and that a
 // change is reported as needing a restart.
 func TestAllowPeers(t *testing.T) {
@@ -207,6 +222,8 @@ func TestBadFiles(t *testing.T) {
 		{"allow_peers bad ID", "node: {allow_peers: [not-a-peer]}\n", `node.allow_peers[0]: "not-a-peer" is not a peer ID`},
 		{"allow_peers not a list", "node: {allow_peers: 12D3KooWnope}\n", "node.allow_peers: line 1: must be a list of strings"},
 		{"allow_peers_dns bad name", "node: {allow_peers_dns: [\"ratemesh:8080\"]}\n", `node.allow_peers_dns[0]: "ratemesh:8080" is not a DNS name`},
+		{"node max_keys zero", "node: {max_keys: 0}\n", "node.max_keys: must be at least 1, got 0"},
+		{"node max_keys negative", "node: {max_keys: -5}\n", "node.max_keys: line 1: must not be negative"},
 		{"allow_peers_file not a string", "node: {allow_peers_file: [a]}\n", "node.allow_peers_file: line 1: must be"},
 	}
 	for _, tc := range tests {

@@ -82,6 +82,7 @@ func parse(data []byte) (*document, error) {
 				"join_timeout":       duration(&n.JoinTimeout),
 				"flush_interval":     duration(&n.FlushInterval),
 				"persist_min_window": duration(&n.PersistMinWindow),
+				"max_keys":           integer(&n.MaxKeys),
 				"http": func(v *yaml.Node, path string) error {
 					h := &n.HTTP
 					return firstErr(walk(v, path, fields{

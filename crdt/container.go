@@ -191,6 +191,7 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 	s.Windows = append(s.Windows, nil)
 	copy(s.Windows[i+1:], s.Windows[i:])
 	s.Windows[i] = w
+	s.rule.windows++
 	s.rule.c.queueWindow(s, w)
 	return w
 }
@@ -213,9 +214,10 @@ func (w *Window) hint(p *Window) {
 // RuleSet holds the series of one rule, by key. A key's string is held
 // once, in its series (keyTable).
 type RuleSet struct {
-	Name string
-	keys keyTable
-	c    *Container
+	Name    string
+	keys    keyTable
+	windows int // windows held over every series
+	c       *Container
 }
 
 // Series returns the series of key, or nil.
@@ -233,11 +235,23 @@ func (r *RuleSet) Ensure(key string) *Series {
 	// no window by then.
 	r.c.expiry.pushNew(s)
 	r.c.made++
+	r.c.keys++
 	return s
 }
 
 // Len returns how many keys the rule holds.
 func (r *RuleSet) Len() int { return r.keys.n }
+
+// Windows returns how many windows the rule holds over all its keys.
+func (r *RuleSet) Windows() int { return r.windows }
+
+// Full reports whether a new key would be one too many: the rule holds
+// max keys or more, or the container holds its cap (SetMaxKeys) or more
+// over every rule. Ensure never refuses a key — merging a peer's counts
+// must not — so a decision asks Full before it makes one.
+func (r *RuleSet) Full(max int) bool {
+	return r.keys.n >= max || (r.c.maxKeys > 0 && r.c.keys >= r.c.maxKeys)
+}
 
 // Each calls f for every series; the order is unspecified (it differs from
 // run to run, as a map's does), so callers that need determinism sort. f
@@ -253,6 +267,8 @@ type Container struct {
 	dirtyLeases []*Series
 	expiry      expiryQueue
 	made        uint64 // series made, ever
+	keys        int    // series held over every rule set
+	maxKeys     int    // RuleSet.Full's cap on keys; 0: none
 }
 
 // NewContainer returns an empty container.
@@ -269,6 +285,17 @@ func (c *Container) Rule(name string) *RuleSet {
 	c.rules[name] = r
 	return r
 }
+
+// Keys returns how many keys (series) the container holds over every
+// rule set.
+func (c *Container) Keys() int { return c.keys }
+
+// SetMaxKeys caps the keys RuleSet.Full allows over every rule set; 0
+// (the default) sets no cap.
+func (c *Container) SetMaxKeys(n int) { c.maxKeys = max(n, 0) }
+
+// MaxKeys returns the cap SetMaxKeys set; 0: none.
+func (c *Container) MaxKeys() int { return c.maxKeys }
 
 // Made returns how many series the container has made (RuleSet.Ensure of
 // a key it did not hold), ever.

@@ -393,3 +393,35 @@ func BenchmarkFillAndCollect(b *testing.B) {
 	b.ReportMetric(float64(fill.Nanoseconds())/float64(b.N*keys), "make-ns/key")
 	b.ReportMetric(float64(collect.Nanoseconds())/float64(b.N*keys), "collect-ns/key")
 }
+
+// TestContainerCountsKeysAndWindows checks the counts the key cap and the
+// keys/windows gauges read without walking: keys over every rule set,
+// windows per rule set, as series and windows are made and collected,
+// and RuleSet.Full against a rule's cap and the container's.
+func TestContainerCountsKeysAndWindows(t *testing.T) {
+	c := crdt.NewContainer()
+	a, b := c.Rule("a"), c.Rule("b")
+	a.Ensure("k1").EnsureWindow(1000, 1)
+	a.Ensure("k1").EnsureWindow(1000, 2)
+	a.Ensure("k2").EnsureWindow(1000, 2)
+	b.Ensure("k1").EnsureWindow(60_000, 0)
+	if c.Keys() != 3 || a.Windows() != 3 || b.Windows() != 1 {
+		t.Fatalf("keys %d, windows a %d b %d; want 3, 3, 1", c.Keys(), a.Windows(), b.Windows())
+	}
+	if a.Full(3) || !a.Full(2) {
+		t.Errorf("Full(3) = %t, Full(2) = %t with 2 keys held; want false, true", a.Full(3), a.Full(2))
+	}
+	c.SetMaxKeys(3)
+	if !a.Full(100) || !b.Full(100) {
+		t.Errorf("at the container's cap 3 with 3 keys: Full = %t, %t; want true", a.Full(100), b.Full(100))
+	}
+	// At 10 s every 1 s window is collectable (CollectAt: the end of the
+	// window after it); the 60 s one is not.
+	c.Collect(10_000)
+	if c.Keys() != 1 || a.Windows() != 0 || b.Windows() != 1 || a.Len() != 0 {
+		t.Fatalf("after collecting: keys %d, windows a %d b %d, a holds %d; want 1, 0, 1, 0", c.Keys(), a.Windows(), b.Windows(), a.Len())
+	}
+	if a.Full(100) {
+		t.Error("Full after collection freed the cap")
+	}
+}

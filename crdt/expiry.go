@@ -275,6 +275,7 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 		kept = append(kept, w)
 	}
 	dropped := len(s.Windows) - len(kept)
+	s.rule.windows -= dropped
 	for i := len(kept); i < len(s.Windows); i++ {
 		s.Windows[i] = nil
 	}
@@ -283,6 +284,7 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 	switch {
 	case len(kept) == 0 && noLeases && !s.leasesDirty:
 		s.rule.keys.del(s.Key)
+		c.keys--
 		s.where = gone
 	case again || (len(kept) == 0 && noLeases):
 		c.expiry.pushLater(s)

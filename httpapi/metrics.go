@@ -83,7 +83,7 @@ var (
 	descKeys     = prometheus.NewDesc("ratemesh_keys", "Keys held, by rule.", []string{"rule"}, nil)
 	descWindows  = prometheus.NewDesc("ratemesh_windows", "Window counters held, by rule.", []string{"rule"}, nil)
 	descEvicted  = prometheus.NewDesc("ratemesh_keys_evicted_total", "Idle keys dropped (no usage in the current or previous window).", nil, nil)
-	descKeyCap   = prometheus.NewDesc("ratemesh_keys_denied_total", "Requests for a new key denied at max_keys with every key active (fail closed).", nil, nil)
+	descKeyCap   = prometheus.NewDesc("ratemesh_keys_denied_total", "Requests for a new key denied at a rule's max_keys or the node's node.max_keys with every key active (fail closed).", nil, nil)
 	descOffset   = prometheus.NewDesc("ratemesh_clock_offset_seconds", "This node's estimated clock offset to the mesh.", nil, nil)
 	descEntries  = prometheus.NewDesc("ratemesh_entries_dropped_total", "Received counter entries dropped by the node, by reason.", []string{"reason"}, nil)
 	descBytes    = prometheus.NewDesc("ratemesh_mesh_bytes_total", "Encoded batch bytes, by direction (sent, received) and channel (gossip, sync).", []string{"direction", "channel"}, nil)

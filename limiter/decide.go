@@ -19,7 +19,7 @@ const (
 	ReasonLimit                    // the global limit is reached
 	ReasonShare                    // global room exists, but not within this member's share yet
 	ReasonCost                     // the cost exceeds the limit: never admissible
-	ReasonKeyCap                   // a new key at max_keys with every key active
+	ReasonKeyCap                   // a new key at the rule's max_keys, or the node's (crdt.Container.SetMaxKeys)
 	ReasonJoining                  // the member has not joined the mesh yet
 	ReasonUnlimited                // an unlimited class: admitted, counted
 	ReasonSuppressed               // mode suppress: the key's demand is over its limit and this request fell outside the admitted fraction

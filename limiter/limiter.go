@@ -138,7 +138,7 @@ type ownWindow struct {
 // none).
 func (l *Limiter) decide(d *Decision, ch *Check, s *crdt.Series, env *Env) ownWindow {
 	idx, pos := l.window(env.NowMs)
-	if s == nil && ch.Cost > 0 && l.set.Len() >= l.rule.MaxKeys {
+	if s == nil && ch.Cost > 0 && l.set.Full(l.rule.MaxKeys) {
 		// Decided as a peek for the window's position; denied, so a
 		// retry can expect nothing before the window ends.
 		l.rule.decide(d, ch.Limit, 0, &Usage{}, env, &lottery{}, pos)
@@ -362,7 +362,7 @@ func (l *Limiter) LeaseUsage(key string, live func(crdt.SlotID) bool) Usage {
 // DecideLease decides whether one more lease of ch.Key fits, like Decide
 // does for credits, without recording it.
 func (l *Limiter) DecideLease(ch Check, env Env, live func(crdt.SlotID) bool) Decision {
-	if l.set.Series(ch.Key) == nil && l.set.Len() >= l.rule.MaxKeys {
+	if l.set.Series(ch.Key) == nil && l.set.Full(l.rule.MaxKeys) {
 		return Decision{Limit: ch.Limit, Reason: ReasonKeyCap, RetryAfter: l.rule.LeaseTTL}
 	}
 	u := l.LeaseUsage(ch.Key, live)

@@ -229,6 +229,13 @@ type CoreConfig struct {
 	// happens to hear. At most maxKnown are taken, duplicates and the
 	// member's own peer ID skipped.
 	Known []string
+	// MaxKeys (node.max_keys) caps the keys this member holds over every
+	// rule, its own and those merged from peers: at the cap a decision
+	// for a key it does not hold is denied (limiter.ReasonKeyCap), as at
+	// a rule's MaxKeys. Merges are never refused — that would lose counts
+	// — so the keys held can pass the cap while peers make keys; keys go
+	// when their last window expires. 0 means DefaultMaxKeys.
+	MaxKeys int
 	// LocalClock opens and counts windows on the member's own clock, with
 	// no offset correction: mesh time (docs/design.md, "Mesh time") off.
 	// The offset is still estimated (Offset, Ready.Skew); only MeshMs
@@ -238,6 +245,12 @@ type CoreConfig struct {
 	LocalClock bool
 }
 
+// DefaultMaxKeys is CoreConfig.MaxKeys's default: a member holding this
+// many keys, each touched once, takes about 3 GB of memory
+// (docs/performance.md, "A key budget"), so ten million new keys cannot
+// take a node past 4 GB.
+const DefaultMaxKeys = 5_000_000
+
 // DefaultCoreConfig returns the defaults of the config file
 // (docs/operations.md, "Config file"): DefaultMeshConfig's, and the join
 // timeout. Peer and Incarnation are left for the caller.
@@ -245,6 +258,7 @@ func DefaultCoreConfig() CoreConfig {
 	return CoreConfig{
 		MeshConfig:  DefaultMeshConfig(),
 		JoinTimeout: 3 * time.Second, // serve with what we have after this
+		MaxKeys:     DefaultMaxKeys,
 	}
 }
 
@@ -258,6 +272,8 @@ func (c *CoreConfig) validate() error {
 	switch {
 	case c.JoinTimeout <= 0:
 		return bad("join_timeout", "must be positive, got %v", c.JoinTimeout)
+	case c.MaxKeys < 0:
+		return bad("max_keys", "must not be negative, got %d", c.MaxKeys)
 	case c.Peer == "":
 		return bad("peer", "must not be empty")
 	case len(c.Peer) > crdt.MaxPeerLen:

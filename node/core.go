@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -217,6 +218,7 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 		leases:      newLeaseTable(),
 		nextCollect: now,
 	}
+	c.c.SetMaxKeys(cmp.Or(cfg.MaxKeys, DefaultMaxKeys))
 	c.recount() // alone: n 1, rank 0, scale 1
 	c.selfID = c.intern(c.self, nil)
 	c.seedKnown(now, cfg.Known)

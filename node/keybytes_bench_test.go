@@ -2,7 +2,10 @@ package node_test
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,4 +81,71 @@ func heapLive() uint64 {
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	return ms.HeapAlloc
+}
+
+// BenchmarkKeyCapFlood floods a lone member with flood new keys of one
+// rule whose own max_keys is above the flood, so the member's cap on keys
+// (node.max_keys, DefaultMaxKeys) is what bounds it (issue 28: "10M keys
+// on one node"). It checks that exactly the cap's keys were admitted and
+// the rest denied key_cap, and reports the live heap after a GC per key
+// held and the process's peak RSS (VmHWM), which the cap bounds. The
+// keys are decided 10,000 a millisecond of virtual time, in one 10-minute
+// window, with a Tick (publishing them) every 20 ms.
+//
+//	go test -run='^$' -bench=KeyCapFlood -benchtime=1x ./node/
+func BenchmarkKeyCapFlood(b *testing.B) {
+	const flood, perTick = 10_000_000, 200_000
+	for range b.N {
+		base := heapLive()
+		now := time.UnixMilli(1_700_000_400_000)
+		cfg := node.DefaultCoreConfig()
+		cfg.Peer, cfg.Incarnation = "n0", 1
+		cfg.Rules = []limiter.Rule{{Name: "api", Algorithm: limiter.FixedWindow, Limit: 1000, Window: 10 * time.Minute, MaxKeys: 2 * flood}}
+		c, err := node.NewCore(cfg, now)
+		if err != nil {
+			b.Fatal(err)
+		}
+		admitted, denied := 0, 0
+		for i := range flood {
+			if i%perTick == 0 {
+				now = now.Add(20 * time.Millisecond)
+				c.Tick(now)
+				c.Ready()
+			}
+			d, err := c.Allow(now, "api", fmt.Sprintf("acct:%d", i), limiter.Request{})
+			switch {
+			case err != nil:
+				b.Fatal(err)
+			case d.Allowed:
+				admitted++
+			case d.Reason == limiter.ReasonKeyCap:
+				denied++
+			default:
+				b.Fatalf("key %d: %+v, want admitted or key_cap", i, d)
+			}
+		}
+		if admitted != node.DefaultMaxKeys || denied != flood-node.DefaultMaxKeys {
+			b.Fatalf("admitted %d, denied %d; want %d and %d", admitted, denied, node.DefaultMaxKeys, flood-node.DefaultMaxKeys)
+		}
+		live := heapLive() - base
+		runtime.KeepAlive(c)
+		b.ReportMetric(float64(live)/float64(admitted), "heap-B/key")
+		b.ReportMetric(float64(peakRSS())/(1<<20), "peak-RSS-MiB")
+	}
+}
+
+// peakRSS returns the process's peak resident set (VmHWM) in bytes, 0
+// where /proc does not say.
+func peakRSS() uint64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/limiter"
 )
 
@@ -69,28 +68,19 @@ type RuleHeld struct {
 }
 
 // Held returns, per rule and sorted by name, the keys and windows this
-// member holds. It walks every key: call it at scrape time, not per
-// request.
+// member holds (counted as they come and go: it walks no key).
 func (c *Core) Held() []RuleHeld {
 	names := c.RuleNames()
 	out := make([]RuleHeld, 0, len(names))
 	for _, name := range names {
 		set := c.limiters[name].Set()
-		h := RuleHeld{Rule: name, Keys: set.Len()}
-		set.Each(func(s *crdt.Series) { h.Windows += len(s.Windows) })
-		out = append(out, h)
+		out = append(out, RuleHeld{Rule: name, Keys: set.Len(), Windows: set.Windows()})
 	}
 	return out
 }
 
 // keysHeld counts the keys held over every rule set in the container.
-func (c *Core) keysHeld() int {
-	n := 0
-	for _, name := range c.c.Rules() {
-		n += c.c.Lookup(name).Len()
-	}
-	return n
-}
+func (c *Core) keysHeld() int { return c.c.Keys() }
 
 // Reload replaces the running member's rules (see Core.SetRules): all or
 // nothing, effective for the next decision. Merging rule by rule, so that

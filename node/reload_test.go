@@ -139,3 +139,66 @@ func TestHeldAndKeysCollected(t *testing.T) {
 		t.Fatalf("a new key once idle keys were collected: %+v %v", d, err)
 	}
 }
+
+// TestNodeMaxKeys checks the member's cap on keys over every rule
+// (node.max_keys): at the cap a new key of any rule is denied key_cap,
+// keys held are still decided, a peer's keys are merged past the cap
+// (refusing them would lose counts), and keys come back once windows
+// expire.
+func TestNodeMaxKeys(t *testing.T) {
+	start := time.UnixMilli(1_700_000_000_000)
+	rules := []limiter.Rule{
+		{Name: "a", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second},
+		{Name: "b", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second},
+		{Name: "c", Algorithm: limiter.Concurrency, Limit: 10},
+	}
+	capped := func(cfg *node.CoreConfig) { cfg.MaxKeys = 3 }
+	c := newCore(t, "n0", start, rules, capped)
+	peer := newCore(t, "n1", start, rules, nil)
+	for _, rk := range [][2]string{{"a", "k1"}, {"a", "k2"}, {"b", "k1"}} {
+		if d, err := c.Allow(start, rk[0], rk[1], limiter.Request{}); err != nil || !d.Allowed {
+			t.Fatalf("allow %s/%s under the cap: %+v %v", rk[0], rk[1], d, err)
+		}
+	}
+	for _, rk := range [][2]string{{"a", "k3"}, {"b", "k2"}} {
+		if d, err := c.Allow(start, rk[0], rk[1], limiter.Request{}); err != nil || d.Allowed || d.Reason != limiter.ReasonKeyCap {
+			t.Fatalf("a 4th key (%s/%s) at node max_keys 3: %+v %v, want denied key_cap", rk[0], rk[1], d, err)
+		}
+	}
+	if _, d, err := c.Acquire(start, "c", "k1", ""); err != nil || d.Allowed || d.Reason != limiter.ReasonKeyCap {
+		t.Fatalf("a lease of a new key at the cap: %+v %v, want denied key_cap", d, err)
+	}
+	if d, err := c.Allow(start, "a", "k1", limiter.Request{}); err != nil || !d.Allowed {
+		t.Fatalf("a key held, at the cap: %+v %v, want allowed", d, err)
+	}
+	if got := c.Stats().Decisions[limiter.ReasonKeyCap]; got != 3 {
+		t.Fatalf("key_cap decisions counted %d, want 3", got)
+	}
+	// The peer's two keys are merged although they pass the cap.
+	for _, k := range []string{"p1", "p2"} {
+		if d, err := peer.Allow(start, "b", k, limiter.Request{}); err != nil || !d.Allowed {
+			t.Fatalf("peer allow %s: %+v %v", k, d, err)
+		}
+	}
+	for _, b := range tick(peer, start).Messages {
+		if err := c.Step(start, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := total(t, c, start, "b", "p2"); got != 1 {
+		t.Fatalf("the peer's key past the cap counts %d, want 1", got)
+	}
+	keys := 0
+	for _, h := range c.Held() {
+		keys += h.Keys
+	}
+	if keys != 5 {
+		t.Fatalf("keys held %d, want 5 (3 own, 2 merged past the cap)", keys)
+	}
+	later := start.Add(3 * time.Second)
+	tick(c, start.Add(time.Second))
+	tick(c, later)
+	if d, err := c.Allow(later, "a", "k3", limiter.Request{}); err != nil || !d.Allowed {
+		t.Fatalf("a new key once the windows expired: %+v %v, want allowed", d, err)
+	}
+}
