@@ -1,16 +1,16 @@
 package node_test
 
 import (
-	"flag"
 	"fmt"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/datadriven"
 
 	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/limiter"
@@ -19,23 +19,28 @@ import (
 )
 
 // Protocol traces, in the style of raft's interaction tests: each file
-// under testdata/trace is a script of commands over a nodetest network,
-// each followed by what it printed. TestTraces runs every script and
-// compares; after an intended change of behaviour, regenerate the expected
-// output with
+// under testdata/trace is a datadriven script (github.com/cockroachdb/datadriven)
+// of commands over a nodetest network, each followed by what it printed.
+// TestTraces runs every script and compares; after an intended change of
+// behaviour, regenerate the expected output with
 //
-//	go test ./node -run TestTraces -args -rewrite
+//	go test ./node -run TestTraces -rewrite
 //
 // and read the diff: it is the change of the protocol, batch by batch.
 //
 // A script is blocks separated by blank lines; a block is a command line,
-// a line "----" and the expected output. Lines starting with # are
-// comments. The commands:
+// a line "----" and the expected output ("ok" when the command printed
+// nothing). Lines starting with # are comments. Arguments are bare words
+// (members, keys, numbers, durations, in the order given below) and
+// key=value options. The commands:
 //
-//	add P… [join] [available] cores P… (rule api: fixed window, 100 per
-//	                       minute; joining; the available policy, not strict),
-//	                       each connected to every member before it (anti-entropy)
-//	add-through P S [join] core P connected to S alone (one bootstrap address)
+//	add P… [join=true] [policy=available]
+//	                       cores P… (rule api: fixed window, 100 per minute),
+//	                       each connected to every member before it
+//	                       (anti-entropy); join=true: joining (peers
+//	                       configured); policy=available: not strict
+//	add-through P S [join=true]
+//	                       core P connected to S alone (one bootstrap address)
 //	allow P KEY N          N requests at P; prints admissions and denials
 //	expect P Q…            tell P that connections to Q… are up (Core.ExpectState)
 //	drop FROM TO [N]       drop the next N (default 1) gossip batches FROM → TO
@@ -52,93 +57,21 @@ import (
 // Batches arrive at once (no latency, no loss but drops), so the members'
 // clocks agree; every core has the default settings: sync interval 20 ms,
 // heartbeat 500 ms, suspect after 2 s, join timeout 3 s.
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of the trace scripts in testdata/trace")
-
 func TestTraces(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("testdata", "trace", "*.txt"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no trace scripts: %v", err)
-	}
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runTrace(t, f) })
-	}
-}
-
-// traceBlock is one command of a script and its expected output.
-type traceBlock struct {
-	line     int // of the command
-	comments []string
-	cmd      string
-	want     string
-}
-
-func parseTrace(t *testing.T, path string) []traceBlock {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []traceBlock
-	lines := strings.Split(string(data), "\n")
-	for i := 0; i < len(lines); i++ {
-		var b traceBlock
-		for ; i < len(lines) && (lines[i] == "" || strings.HasPrefix(lines[i], "#")); i++ {
-			if strings.HasPrefix(lines[i], "#") {
-				b.comments = append(b.comments, lines[i])
+	datadriven.Walk(t, filepath.Join("testdata", "trace"), func(t *testing.T, path string) {
+		e := newTraceEnv(t)
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			e.t = t
+			got, err := e.do(d)
+			if err != nil {
+				d.Fatalf(t, "%s: %v", d.Cmd, err)
 			}
-		}
-		if i >= len(lines) {
-			if len(b.comments) > 0 {
-				out = append(out, b) // trailing comments
+			if got == "" {
+				return "ok"
 			}
-			break
-		}
-		b.line, b.cmd = i+1, lines[i]
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: %q is not followed by ----", path, i+1, b.cmd)
-		}
-		i += 2
-		var want []string
-		for ; i < len(lines) && lines[i] != ""; i++ {
-			want = append(want, lines[i])
-		}
-		b.want = strings.Join(want, "\n")
-		out = append(out, b)
-	}
-	return out
-}
-
-func runTrace(t *testing.T, path string) {
-	blocks := parseTrace(t, path)
-	env := newTraceEnv(t)
-	var rewritten strings.Builder
-	for i, b := range blocks {
-		if i > 0 {
-			rewritten.WriteString("\n")
-		}
-		for _, c := range b.comments {
-			rewritten.WriteString(c + "\n")
-		}
-		if b.cmd == "" {
-			continue
-		}
-		got, err := env.do(b.cmd)
-		if err != nil {
-			t.Fatalf("%s:%d: %s: %v", path, b.line, b.cmd, err)
-		}
-		if got == "" {
-			got = "ok"
-		}
-		fmt.Fprintf(&rewritten, "%s\n----\n%s\n", b.cmd, got)
-		if !*rewrite && got != b.want {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, b.line, b.cmd, got, b.want)
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(rewritten.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+			return got
+		})
+	})
 }
 
 // traceEnv is the state of one script.
@@ -195,25 +128,38 @@ func (e *traceEnv) pair(a, b string) (int, int, error) {
 }
 
 // do runs one command and returns what it printed.
-func (e *traceEnv) do(cmd string) (string, error) {
+func (e *traceEnv) do(d *datadriven.TestData) (string, error) {
 	var out strings.Builder
 	e.out = &out
 	defer func() { e.out = nil }()
-	f := strings.Fields(cmd)
-	args := f[1:]
-	switch f[0] {
+	args, opts, err := splitArgs(d)
+	if err != nil {
+		return "", err
+	}
+	cmd := d.Cmd
+	if len(opts) > 0 && cmd != "add" && cmd != "add-through" {
+		return "", fmt.Errorf("%s takes no options", cmd)
+	}
+	switch cmd {
 	case "add", "add-through":
-		var opts []string
-		for len(args) > 0 && (args[len(args)-1] == "join" || args[len(args)-1] == "available") {
-			opts, args = append(opts, args[len(args)-1]), args[:len(args)-1]
+		join, policy := false, node.Strict
+		for k, v := range opts {
+			switch k {
+			case "join":
+				if join, err = strconv.ParseBool(v); err != nil {
+					return "", fmt.Errorf("join=%s: %w", v, err)
+				}
+			case "policy":
+				if policy = node.Policy(v); policy != node.Strict && policy != node.Available {
+					return "", fmt.Errorf("policy=%s: want strict or available", v)
+				}
+			default:
+				return "", fmt.Errorf("unknown option %s", k)
+			}
 		}
-		join, policy := slices.Contains(opts, "join"), node.Strict
-		if slices.Contains(opts, "available") {
-			policy = node.Available
-		}
-		if f[0] == "add-through" {
+		if cmd == "add-through" {
 			if len(args) != 2 {
-				return "", fmt.Errorf("want add-through PEER SEED [join]")
+				return "", fmt.Errorf("want add-through PEER SEED [join=true]")
 			}
 			s, err := e.member(args[1])
 			if err != nil {
@@ -313,7 +259,7 @@ func (e *traceEnv) do(cmd string) (string, error) {
 		}
 	case "round", "rounds":
 		n, d := 1, 20*time.Millisecond
-		if f[0] == "rounds" {
+		if cmd == "rounds" {
 			if len(args) == 0 {
 				return "", fmt.Errorf("want rounds N [DURATION]")
 			}
@@ -332,7 +278,7 @@ func (e *traceEnv) do(cmd string) (string, error) {
 				return "", err
 			}
 		}
-		e.quiet = f[0] == "rounds"
+		e.quiet = cmd == "rounds"
 		for range n {
 			var round strings.Builder
 			e.out = &round
@@ -396,9 +342,26 @@ func (e *traceEnv) do(cmd string) (string, error) {
 		st := e.net.Core(i).Stats()
 		fmt.Fprintf(&out, "nacks sent %d, received %d, repairs skipped %d", st.NacksSent, st.NacksReceived, st.RepairsSkipped)
 	default:
-		return "", fmt.Errorf("unknown command %q", f[0])
+		return "", fmt.Errorf("unknown command %q", cmd)
 	}
 	return strings.TrimSuffix(out.String(), "\n"), nil
+}
+
+// splitArgs returns a command's bare words, in order, and its key=value
+// options.
+func splitArgs(d *datadriven.TestData) (args []string, opts map[string]string, err error) {
+	opts = map[string]string{}
+	for _, a := range d.CmdArgs {
+		switch len(a.Vals) {
+		case 0:
+			args = append(args, a.Key)
+		case 1:
+			opts[a.Key] = a.Vals[0]
+		default:
+			return nil, nil, fmt.Errorf("%s: want one value", a.Key)
+		}
+	}
+	return args, opts, nil
 }
 
 func (e *traceEnv) newCore(peer string, join bool, policy node.Policy) *node.Core {
