@@ -67,15 +67,17 @@ import (
 //	                       be negative)
 //	round [D]              advance D (default 20 ms), tick every member, deliver
 //	                       what they sent; prints each member's Ready
-//	rounds N [D]           N rounds, printing only membership, join, fence
-//	                       and skew changes and drops
+//	rounds N [D]           N rounds, printing only membership, join, fence,
+//	                       skew and staleness changes and drops
 //	usage P KEY [rule=R]   P's merged total, own admitted/attempted, own
 //	                       unacknowledged; of a concurrency rule, the live
 //	                       leases and P's own held/acquired
 //	windows P KEY [rule=R] every window of KEY that P holds (its start and end
 //	                       from the start of the script, in mesh time) and its
 //	                       admitted/attempted per slot
-//	members P              P's view of the members, and whether P serves
+//	members P              P's view of the members, and whether P serves (or
+//	                       is joining, fenced, or stale: docs/design.md,
+//	                       "What the margins assume")
 //	clock P                P's clock and mesh time from the network's time,
 //	                       its offset to the mesh and its estimate of every
 //	                       member's clock
@@ -712,6 +714,8 @@ func (e *traceEnv) cmdMembers(c *traceCmd, out *strings.Builder) error {
 		serves = "joining"
 	case core.Fenced():
 		serves = "fenced"
+	case core.Stale():
+		serves = "stale"
 	}
 	fmt.Fprintf(out, "%s, N=%d, %s", strings.Join(ps, " "), n, serves)
 	return nil
@@ -775,7 +779,7 @@ func (e *traceEnv) newCore(peer string, join bool, policy node.Policy) *node.Cor
 // printReady prints what member i's Ready asks: the batches it publishes
 // (its Direct batches are printed as they are sent, by the network's
 // Filter, like every full state), the membership changes and the join,
-// fence and skew changes.
+// fence, skew and staleness changes.
 func (e *traceEnv) printReady(i int, rd node.Ready) {
 	if e.out == nil {
 		return
@@ -805,12 +809,16 @@ func (e *traceEnv) printReady(i int, rd node.Ready) {
 	if rd.Skew != nil {
 		fmt.Fprintf(e.out, "%s: skew beyond max_skew %v (offset %+v)\n", p, rd.Skew.Exceeded, rd.Skew.Offset)
 	}
+	if rd.Stale != nil {
+		fmt.Fprintf(e.out, "%s: stale %v (%d of %d lagging)\n", p, rd.Stale.Stale, rd.Stale.Lagging, rd.Stale.Live)
+	}
 }
 
 // fmtBatch prints a batch's protocol fields: flags, seq, Ack (mesh ms since
 // the start; - for none), window entries (rule/key=admitted/attempted),
 // lease entries (rule/key=+acquired-released; entries of another slot than
-// the author's name it), repairs, nacks and the member table.
+// the author's name it), repairs, nacks, the slots the author evicted and
+// the member table.
 func (e *traceEnv) fmtBatch(b *crdt.Batch) string {
 	var f []string
 	for _, fl := range []struct {
@@ -861,6 +869,13 @@ func (e *traceEnv) fmtBatch(b *crdt.Batch) string {
 	}
 	if len(ns) > 0 {
 		f = append(f, "nacks="+strings.Join(ns, ","))
+	}
+	var ev []string
+	for _, s := range b.Evicted {
+		ev = append(ev, s.Peer)
+	}
+	if len(ev) > 0 {
+		f = append(f, "evicted="+strings.Join(ev, ","))
 	}
 	var ms []string
 	for _, m := range b.Members {
