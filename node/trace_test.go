@@ -41,10 +41,12 @@ import (
 //	                       lease_ttl (default 60 s); the first rule command
 //	                       replaces the default rule, api (fixed window, 100
 //	                       per minute)
-//	add P… [join=true] [policy=available]
+//	add P… [join=true] [policy=available] [skew=D]
 //	                       cores P…, each connected to every member before
 //	                       it (anti-entropy); join=true: joining (peers
-//	                       configured); policy=available: not strict
+//	                       configured); policy=available: not strict;
+//	                       skew=D: their clocks read the network's time
+//	                       plus D (D may be negative)
 //	add-through P S [join=true]
 //	                       core P connected to S alone (one bootstrap address)
 //	allow P KEY N [rule=R] N requests at P; prints admissions and denials
@@ -63,8 +65,10 @@ import (
 //	crash P                stop P: it neither ticks nor receives again, silent
 //	leave P                P leaves gracefully (Core.Leave) and stops
 //	evict P Q              P evicts Q at once (an operator's evict at P)
-//	skew P D               P's clock reads the network's time plus D (D may
-//	                       be negative)
+//	skew P D               from now on P's clock reads the network's time
+//	                       plus D: a clock step (a forward step of
+//	                       suspect_after or more looks like a stall of P's
+//	                       own: docs/design.md, "What the margins assume")
 //	round [D]              advance D (default 20 ms), tick every member, deliver
 //	                       what they sent; prints each member's Ready
 //	rounds N [D]           N rounds, printing only membership, join, fence,
@@ -290,10 +294,10 @@ func (e *traceEnv) cmdRule(c *traceCmd, _ *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdAdd(c *traceCmd, _ *strings.Builder) error {
-	if err := c.only("join", "policy"); err != nil {
+	if err := c.only("join", "policy", "skew"); err != nil {
 		return err
 	}
-	join, policy := false, node.Strict
+	join, policy, skew := false, node.Strict, time.Duration(0)
 	if v, ok := c.opts["join"]; ok {
 		var err error
 		if join, err = strconv.ParseBool(v); err != nil {
@@ -305,22 +309,31 @@ func (e *traceEnv) cmdAdd(c *traceCmd, _ *strings.Builder) error {
 			return fmt.Errorf("policy=%s: want strict or available", v)
 		}
 	}
+	if v, ok := c.opts["skew"]; ok {
+		var err error
+		if skew, err = time.ParseDuration(v); err != nil {
+			return err
+		}
+	}
 	if c.name == "add-through" {
 		if err := c.want(2, 2, "PEER SEED [join=true]"); err != nil {
 			return err
+		}
+		if skew != 0 {
+			return fmt.Errorf("add-through takes no skew")
 		}
 		s, err := e.member(c.args[1])
 		if err != nil {
 			return err
 		}
-		e.index[c.args[0]] = e.net.AddThrough(e.newCore(c.args[0], join, policy), s)
+		e.index[c.args[0]] = e.net.AddThrough(e.newCore(c.args[0], join, policy, 0), s)
 		return e.net.Drain()
 	}
-	if err := c.want(1, -1, "PEER… [join=true] [policy=available]"); err != nil {
+	if err := c.want(1, -1, "PEER… [join=true] [policy=available] [skew=D]"); err != nil {
 		return err
 	}
 	for _, p := range c.args {
-		e.index[p] = e.net.Add(e.newCore(p, join, policy))
+		e.index[p] = e.net.AddSkewed(e.newCore(p, join, policy, skew), skew)
 		if err := e.net.Drain(); err != nil {
 			return err
 		}
@@ -444,8 +457,12 @@ func (e *traceEnv) cmdLeases(c *traceCmd, out *strings.Builder) error {
 	if err != nil {
 		return err
 	}
-	for _, ls := range e.net.Core(i).Leases() {
-		fmt.Fprintf(out, "%s %s/%s expires +%v\n", ls.ID, ls.Rule, ls.Key, ls.Expires.Sub(t0))
+	ls := e.net.Core(i).Leases()
+	if len(ls) == 0 {
+		out.WriteString("none")
+	}
+	for _, l := range ls {
+		fmt.Fprintf(out, "%s %s/%s expires +%v\n", l.ID, l.Rule, l.Key, l.Expires.Sub(t0))
 	}
 	return nil
 }
@@ -734,7 +751,7 @@ func (e *traceEnv) cmdClock(c *traceCmd, out *strings.Builder) error {
 	}
 	core, now := e.net.Core(i), e.net.Local(i)
 	mesh := time.UnixMilli(core.MeshMs(now)).Sub(e.net.Now())
-	fmt.Fprintf(out, "local %+v, mesh %+v, offset %+v", now.Sub(e.net.Now()), mesh, core.Offset())
+	fmt.Fprintf(out, "local %s, mesh %s, offset %s", signed(now.Sub(e.net.Now())), signed(mesh), signed(core.Offset()))
 	for _, p := range core.Peers(now) {
 		if p.Self {
 			continue
@@ -743,9 +760,17 @@ func (e *traceEnv) cmdClock(c *traceCmd, out *strings.Builder) error {
 		if p.ClockRoundTrip {
 			how = "round trip"
 		}
-		fmt.Fprintf(out, "; %s %+v (%s)", p.Peer, p.ClockOffset, how)
+		fmt.Fprintf(out, "; %s %s (%s)", p.Peer, signed(p.ClockOffset), how)
 	}
 	return nil
+}
+
+// signed prints d with its sign.
+func signed(d time.Duration) string {
+	if d < 0 {
+		return d.String()
+	}
+	return "+" + d.String()
 }
 
 func (e *traceEnv) cmdStats(c *traceCmd, out *strings.Builder) error {
@@ -768,9 +793,9 @@ func (e *traceEnv) cmdStats(c *traceCmd, out *strings.Builder) error {
 	return nil
 }
 
-func (e *traceEnv) newCore(peer string, join bool, policy node.Policy) *node.Core {
+func (e *traceEnv) newCore(peer string, join bool, policy node.Policy, skew time.Duration) *node.Core {
 	e.t.Helper()
-	return newCore(e.t, peer, e.net.Now(), e.rules, func(c *node.CoreConfig) {
+	return newCore(e.t, peer, e.net.Now().Add(skew), e.rules, func(c *node.CoreConfig) {
 		c.Join, c.Policy = join, policy
 		c.Incarnation = 1
 	})
@@ -807,7 +832,7 @@ func (e *traceEnv) printReady(i int, rd node.Ready) {
 		fmt.Fprintf(e.out, "%s: fenced %v (%d of %d alive)\n", p, rd.Fence.Fenced, rd.Fence.Alive, rd.Fence.Live)
 	}
 	if rd.Skew != nil {
-		fmt.Fprintf(e.out, "%s: skew beyond max_skew %v (offset %+v)\n", p, rd.Skew.Exceeded, rd.Skew.Offset)
+		fmt.Fprintf(e.out, "%s: skew beyond max_skew %v (offset %s)\n", p, rd.Skew.Exceeded, signed(rd.Skew.Offset))
 	}
 	if rd.Stale != nil {
 		fmt.Fprintf(e.out, "%s: stale %v (%d of %d lagging)\n", p, rd.Stale.Stale, rd.Stale.Lagging, rd.Stale.Live)
