@@ -150,14 +150,15 @@ type Core struct {
 
 	members membership
 
-	// holding: StepMany is stepping, and mergeEntries holds window
-	// entries back in held instead of raising them (core_fast.go).
-	holding bool
-	held    []heldRaise
+	// deferring: StepMany is stepping, and mergeEntries defers the raises
+	// of window entries to deferred instead of raising them
+	// (core_fast.go).
+	deferring bool
+	deferred  []deferredRaise
 	// lastTick is the time of the latest Tick: a gap of SuspectAfter or
 	// more between two is a stall of this member's own (membership.wokeAt).
 	lastTick time.Time
-	touched  byte // the sum of what raiseHeld's touches read: keeps them
+	touched  byte // the sum of what raiseDeferred's touches read: keeps them
 	out      outbox
 	clock    meshClock
 	join     joinState
@@ -518,8 +519,8 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 			continue // our own values come only from us
 		}
 		w := set.Ensure(e.Key).EnsureWindow(e.WindowMs, e.Window)
-		if c.holding {
-			c.held = append(c.held, heldRaise{w: w, id: id, adm: e.Admitted, att: e.Attempted})
+		if c.deferring {
+			c.deferred = append(c.deferred, deferredRaise{w: w, id: id, adm: e.Admitted, att: e.Attempted})
 			continue
 		}
 		if w.Raise(id, e.Admitted, e.Attempted) {
