@@ -163,9 +163,9 @@ type Core struct {
 	clock    meshClock
 	join     joinState
 	leases   leaseTable
-	// reclaimHold keeps the scale of before a reclaim for the windows that
-	// began before it (membership.go).
-	reclaimHold reclaimHold
+	// reclaimScale keeps the scale of before a reclaim for the windows
+	// that began before it (membership.go).
+	reclaimScale reclaimScale
 
 	// unpub counts, per rule, the credits admitted since the last batch;
 	// overBudget: one is past its publish budget (budget.go).
@@ -622,8 +622,8 @@ func (c *Core) Tick(now time.Time) {
 	if c.join.tick(now, c.cfg.JoinTimeout) {
 		c.regate()
 	}
-	if c.reclaimHold.fromMs != 0 {
-		c.reclaimHold.end(c.MeshMs(now), c.longestWindowMs())
+	if c.reclaimScale.fromMs != 0 {
+		c.reclaimScale.end(c.MeshMs(now), c.longestWindowMs())
 	}
 	if !now.Before(c.out.nextSync) {
 		c.out.nextSync = now.Add(c.cfg.SyncInterval)

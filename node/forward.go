@@ -159,7 +159,7 @@ const forwardMargin = 20 * time.Millisecond
 // lotteryPeers returns the alive members, nearest rank first, whose
 // lottery draws admit the request as this member sees its key (see
 // limiter.Limiter.LotteryWinners) under the env its own decision takes
-// (setUp: a reclaim hold included), or nil.
+// (setUp: a reclaim's scale included), or nil.
 func (c *Core) lotteryPeers(now time.Time, rule, key string, req *limiter.Request, lease bool) []string {
 	if !c.join.joined || c.members.n < 2 {
 		return nil
