@@ -631,10 +631,10 @@ func (c *Core) Tick(now time.Time) {
 	}
 	made := c.c.Made()
 	if due := !now.Before(c.nextCollect); due || c.collectBehind {
-		keys := c.keysHeld()
+		keys := c.keyCount()
 		dropped, more := c.c.CollectSome(c.MeshMs(now), collectBudget+int(made-c.madeAtTick))
 		c.stats.WindowsCollected += uint64(dropped)
-		c.stats.KeysCollected += uint64(keys - c.keysHeld())
+		c.stats.KeysCollected += uint64(keys - c.keyCount())
 		c.collectBehind = more
 		if due {
 			c.nextCollect = now.Add(c.collectEvery())

@@ -60,31 +60,31 @@ func (c *Core) Rules() []limiter.Rule {
 	return append([]limiter.Rule(nil), c.cfg.Rules...)
 }
 
-// RuleHeld is what a member holds for one rule: the keys (series) and
+// RuleKeys is what a member holds for one rule: the keys (series) and
 // the windows over all of them.
-type RuleHeld struct {
+type RuleKeys struct {
 	Rule    string
 	Keys    int
 	Windows int
 }
 
-// Held returns, per rule and sorted by name, the keys and windows this
-// member holds. It walks every key: call it at scrape time, not per
+// Keys returns, per rule and sorted by name, how many keys and windows
+// this member holds. It walks every key: call it at scrape time, not per
 // request.
-func (c *Core) Held() []RuleHeld {
+func (c *Core) Keys() []RuleKeys {
 	names := c.RuleNames()
-	out := make([]RuleHeld, 0, len(names))
+	out := make([]RuleKeys, 0, len(names))
 	for _, name := range names {
 		set := c.limiters[name].Set()
-		h := RuleHeld{Rule: name, Keys: set.Len()}
-		set.Each(func(s *crdt.Series) { h.Windows += len(s.Windows) })
-		out = append(out, h)
+		k := RuleKeys{Rule: name, Keys: set.Len()}
+		set.Each(func(s *crdt.Series) { k.Windows += len(s.Windows) })
+		out = append(out, k)
 	}
 	return out
 }
 
-// keysHeld counts the keys held over every rule set in the container.
-func (c *Core) keysHeld() int {
+// keyCount counts the keys held over every rule set in the container.
+func (c *Core) keyCount() int {
 	n := 0
 	for _, name := range c.c.Rules() {
 		n += c.c.Lookup(name).Len()
@@ -125,13 +125,13 @@ func (n *Node) RulesHash() uint64 {
 	return n.core.RulesHash()
 }
 
-// Held returns the keys and windows the member holds per rule (see
-// Core.Held); nil after Close.
-func (n *Node) Held() []RuleHeld {
+// Keys returns how many keys and windows the member holds per rule (see
+// Core.Keys); nil after Close.
+func (n *Node) Keys() []RuleKeys {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
 		return nil
 	}
-	return n.core.Held()
+	return n.core.Keys()
 }

@@ -126,7 +126,7 @@ func TestHeldAndKeysCollected(t *testing.T) {
 	if err != nil || d.Allowed || d.Reason != limiter.ReasonKeyCap {
 		t.Fatalf("a 4th key at max_keys 3: %+v %v, want denied key_cap", d, err)
 	}
-	if h := c.Held(); len(h) != 1 || h[0].Keys != 3 || h[0].Windows != 3 {
+	if h := c.Keys(); len(h) != 1 || h[0].Keys != 3 || h[0].Windows != 3 {
 		t.Fatalf("held %+v, want 3 keys, 3 windows", h)
 	}
 	later := start.Add(3 * time.Second)
