@@ -283,10 +283,6 @@ func gather[T any](a, more []T) []T {
 	return append(a, more...)
 }
 
-// Alive returns how many members, self included, are alive, and how many
-// are live (alive or suspect).
-func (c *Core) Alive() (alive, live int) { return c.members.nAlive, c.members.n }
-
 // Fenced reports whether the member denies every decision because, under
 // the strict policy, its side of a partition holds no majority of the
 // members (see MeshConfig.ReclaimAfter).
