@@ -56,7 +56,7 @@ import (
 //	renew P ID / release P ID
 //	                       renew or release P's lease ID; prints the error,
 //	                       if any
-//	leases P               P's own leases and when they expire
+//	leases P               P's own leases and when they expire (none: none)
 //	expect P Q…            tell P that connections to Q… are up (Core.ExpectState)
 //	drop FROM TO [N]       drop the next N (default 1) gossip batches FROM → TO
 //	cut A B / recover      break the link A–B / heal every link (anti-entropy)
@@ -78,7 +78,7 @@ import (
 //	                       leases and P's own held/acquired
 //	windows P KEY [rule=R] every window of KEY that P holds (its start and end
 //	                       from the start of the script, in mesh time) and its
-//	                       admitted/attempted per slot
+//	                       admitted/attempted per slot (peer/incarnation)
 //	members P              P's view of the members, and whether P serves (or
 //	                       is joining, fenced, or stale: docs/design.md,
 //	                       "What the margins assume")
@@ -89,15 +89,16 @@ import (
 //	dropped P              the entries P dropped: window already collected,
 //	                       window beyond max_skew ahead, unknown rule
 //
-// The rule option defaults to the first rule of the kind the command needs
-// (windowed for allow and windows, concurrency for acquire, any for usage). A member's clock reads the
-// network's time plus its skew; "t=+…" is the network's time since the
-// start. Batches arrive at once (no latency, no loss but drops); every
-// core has the default settings: sync interval 20 ms, heartbeat 500 ms,
-// suspect after 2 s, reclaim after 5 s (strict) or dead after 5 s
-// (available), join timeout 3 s, max_skew 500 ms. Every core added has
-// incarnation 1; one that learns it was evicted takes a new one from its
-// clock (Unix ms).
+// The rule option defaults to the first rule of the kind the command
+// needs (windowed for allow and windows, concurrency for acquire, any for
+// usage). A member's clock reads the network's time plus its skew; "t=+…"
+// is the network's time since the start. Batches arrive at once (no
+// latency, no loss but drops); every core has the default settings: sync
+// interval 20 ms, heartbeat 500 ms, suspect after 2 s, reclaim after 5 s
+// (strict) or dead after 5 s (available), join timeout 3 s, max_skew
+// 500 ms. Every core added has incarnation 1; one that learns it was
+// evicted takes a new one from its clock (Unix ms), which windows prints
+// as "new".
 func TestTraces(t *testing.T) {
 	datadriven.Walk(t, filepath.Join("testdata", "trace"), func(t *testing.T, path string) {
 		e := newTraceEnv(t)
