@@ -12,7 +12,9 @@ import (
 	"github.com/ratemesh/ratemesh/node"
 )
 
-// designExample is DESIGN.md's config file, verbatim.
+// designExample is the design contract's example config, verbatim: the
+// config file of the outside contract, kept beside the repository as
+// ../shared/DESIGN.md (not in it).
 const designExample = `
 node:
   listen: ["/ip4/127.0.0.1/tcp/4001"]

@@ -144,7 +144,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		fenced = 1
 	}
 	gauge(descFenced, fenced)
-	for _, h := range n.Held() {
+	for _, h := range n.Keys() {
 		gauge(descKeys, float64(h.Keys), h.Rule)
 		gauge(descWindows, float64(h.Windows), h.Rule)
 	}

@@ -36,14 +36,14 @@ func TestTickCollectsInSlices(t *testing.T) {
 		now = now.Add(step)
 		tick(c, now)
 	}
-	if got := c.keysHeld(); got != keys {
+	if got := c.keyCount(); got != keys {
 		t.Fatalf("%d keys held before they expire, want %d", got, keys)
 	}
 	var held []int
 	for range 4 {
 		now = now.Add(step)
 		tick(c, now)
-		held = append(held, c.keysHeld())
+		held = append(held, c.keyCount())
 	}
 	want := []int{keys - collectBudget, keys - 2*collectBudget, 0, 0}
 	if fmt.Sprint(held) != fmt.Sprint(want) {

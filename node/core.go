@@ -151,21 +151,22 @@ type Core struct {
 
 	members membership
 
-	// holding: StepMany is stepping, and mergeEntries holds window
-	// entries back in held instead of raising them (core_fast.go).
-	holding bool
-	held    []heldRaise
+	// deferring: StepMany is stepping, and mergeEntries defers the raises
+	// of window entries to deferred instead of raising them
+	// (core_fast.go).
+	deferring bool
+	deferred  []deferredRaise
 	// lastTick is the time of the latest Tick: a gap of SuspectAfter or
 	// more between two is a stall of this member's own (membership.wokeAt).
 	lastTick time.Time
-	touched  byte // the sum of what raiseHeld's touches read: keeps them
+	touched  byte // the sum of what raiseDeferred's touches read: keeps them
 	out      outbox
 	clock    meshClock
 	join     joinState
 	leases   leaseTable
-	// reclaimHold keeps the scale of before a reclaim for the windows that
-	// began before it (membership.go).
-	reclaimHold reclaimHold
+	// reclaimScale keeps the scale of before a reclaim for the windows
+	// that began before it (membership.go).
+	reclaimScale reclaimScale
 
 	// unpub counts, per rule, the credits admitted since the last batch;
 	// overBudget: one is past its publish budget (budget.go).
@@ -283,10 +284,6 @@ func gather[T any](a, more []T) []T {
 	}
 	return append(a, more...)
 }
-
-// Alive returns how many members, self included, are alive, and how many
-// are live (alive or suspect).
-func (c *Core) Alive() (alive, live int) { return c.members.nAlive, c.members.n }
 
 // Fenced reports whether the member denies every decision because, under
 // the strict policy, its side of a partition holds no majority of the
@@ -520,8 +517,8 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 			continue // our own values come only from us
 		}
 		w := set.Ensure(e.Key).EnsureWindow(e.WindowMs, e.Window)
-		if c.holding {
-			c.held = append(c.held, heldRaise{w: w, id: id, adm: e.Admitted, att: e.Attempted})
+		if c.deferring {
+			c.deferred = append(c.deferred, deferredRaise{w: w, id: id, adm: e.Admitted, att: e.Attempted})
 			continue
 		}
 		if w.Raise(id, e.Admitted, e.Attempted) {
@@ -623,8 +620,8 @@ func (c *Core) Tick(now time.Time) {
 	if c.join.tick(now, c.cfg.JoinTimeout) {
 		c.regate()
 	}
-	if c.reclaimHold.fromMs != 0 {
-		c.reclaimHold.end(c.MeshMs(now), c.longestWindowMs())
+	if c.reclaimScale.fromMs != 0 {
+		c.reclaimScale.end(c.MeshMs(now), c.longestWindowMs())
 	}
 	if !now.Before(c.out.nextSync) {
 		c.out.nextSync = now.Add(c.cfg.SyncInterval)
@@ -632,10 +629,10 @@ func (c *Core) Tick(now time.Time) {
 	}
 	made := c.c.Made()
 	if due := !now.Before(c.nextCollect); due || c.collectBehind {
-		keys := c.keysHeld()
+		keys := c.keyCount()
 		dropped, more := c.c.CollectSome(c.MeshMs(now), collectBudget+int(made-c.madeAtTick))
 		c.stats.WindowsCollected += uint64(dropped)
-		c.stats.KeysCollected += uint64(keys - c.keysHeld())
+		c.stats.KeysCollected += uint64(keys - c.keyCount())
 		c.collectBehind = more
 		if due {
 			c.nextCollect = now.Add(c.collectEvery())

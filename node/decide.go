@@ -44,8 +44,8 @@ func (c *Core) RuleNames() []string {
 // the wake-up's membership pass first, so no decision uses the
 // membership of before the stall (see stale.go); while the view is stale
 // under available, the limit is scaled to this member's share; and
-// unless the member is gated, a reclaim hold keeps its scale for the
-// windows of l's rule that began before the reclaim.
+// unless the member is gated, a reclaim keeps its scale for the windows
+// of l's rule that began before it (reclaimScale).
 func (c *Core) env(now time.Time, l *limiter.Limiter) limiter.Env {
 	if now.Sub(c.lastTick) >= c.cfg.SuspectAfter && !c.lastTick.IsZero() && !c.closed {
 		c.wake(now)
@@ -55,8 +55,8 @@ func (c *Core) env(now time.Time, l *limiter.Limiter) limiter.Env {
 	if c.stale.on {
 		c.staleScale(&e)
 	}
-	if !c.gated && c.reclaimHold.fromMs != 0 {
-		c.reclaimHold.apply(l.Rule(), &e)
+	if !c.gated && c.reclaimScale.fromMs != 0 {
+		c.reclaimScale.apply(l.Rule(), &e)
 	}
 	return e
 }
@@ -65,12 +65,12 @@ func (c *Core) env(now time.Time, l *limiter.Limiter) limiter.Env {
 type setup struct {
 	l   *limiter.Limiter
 	ch  limiter.Check
-	env limiter.Env // with the reclaim hold applied, unless gated
+	env limiter.Env // with a reclaim's scale applied, unless gated
 }
 
 // setUp is the set-up every decision shares: it looks up rule's limiter,
 // resolves key and req (for a lease: key and req.Class) and takes the
-// env at now, a reclaim hold included (env). A gated member decides
+// env at now, a reclaim's scale included (env). A gated member decides
 // nothing: its caller answers c.gate(s, now). Allow's hot path takes
 // the look-up and the env alone, and lets Limiter.AllowInto resolve the
 // request as it decides it.

@@ -10,13 +10,13 @@ import (
 	"github.com/ratemesh/ratemesh/limiter"
 )
 
-// TestSetUpHoldsEveryDecision checks that every decision path takes its
-// env from setUp, with the reclaim hold applied: a lottery loser's
+// TestSetUpScalesEveryDecision checks that every decision path takes its
+// env from setUp, with a reclaim's scale applied: a lottery loser's
 // forward (lotteryPeers) as much as a decision. A limit of 1 over two
 // members gives each a share of half a request, so the lottery decides
-// an idle key; held at a scale of 0.5 the limit has no room for it, and
+// an idle key; kept at a scale of 0.5 the limit has no room for it, and
 // no peer is asked.
-func TestSetUpHoldsEveryDecision(t *testing.T) {
+func TestSetUpScalesEveryDecision(t *testing.T) {
 	cfg := DefaultCoreConfig()
 	cfg.Peer, cfg.Incarnation = "a", NextIncarnation(0, tIn)
 	cfg.Rules = []limiter.Rule{{Name: "one", Algorithm: limiter.FixedWindow, Limit: 1, Window: time.Minute}}
@@ -46,18 +46,18 @@ func TestSetUpHoldsEveryDecision(t *testing.T) {
 	if key == "" {
 		t.Fatal("no key among 100 whose lottery picks the other member")
 	}
-	c.reclaimHold.start(c.MeshMs(now), 0.5)
+	c.reclaimScale.start(c.MeshMs(now), 0.5)
 	var s setup
 	if err := c.setUp(&s, now, "one", key, &limiter.Request{}, false); err != nil {
 		t.Fatal(err)
 	}
 	if s.env.Scale != 0.5 {
-		t.Errorf("setUp under the hold: scale %v, want 0.5", s.env.Scale)
+		t.Errorf("setUp under the kept scale: scale %v, want 0.5", s.env.Scale)
 	}
 	if peers := c.lotteryPeers(now, "one", key, &limiter.Request{}, false); peers != nil {
-		t.Errorf("lotteryPeers under the hold = %v, want none: the held limit has no room", peers)
+		t.Errorf("lotteryPeers under the kept scale = %v, want none: the scaled limit has no room", peers)
 	}
 	if d, err := c.Allow(now, "one", key, limiter.Request{}); err != nil || d.Allowed || d.Reason != limiter.ReasonLimit {
-		t.Errorf("Allow under the hold = %+v %v, want denied for the limit", d, err)
+		t.Errorf("Allow under the kept scale = %+v %v, want denied for the limit", d, err)
 	}
 }

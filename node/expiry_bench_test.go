@@ -67,7 +67,7 @@ func BenchmarkTickHoldingKeys(b *testing.B) {
 					virtual += sc.span
 					b.StopTimer()
 					held := 0
-					for _, r := range c.Held() {
+					for _, r := range c.Keys() {
 						held += r.Keys
 					}
 					if held != sc.held {

@@ -515,22 +515,22 @@ func (c *Core) nextSilence() time.Time {
 // reclaim evicts a silent member on the side of a strict majority. The
 // member's side fenced itself before now (MeshConfig.ReclaimAfter), but it
 // may have admitted its share of the current windows, unseen: those keep
-// the scale of before (reclaimHold); later windows get the whole limit.
+// the scale of before (reclaimScale); later windows get the whole limit.
 func (c *Core) reclaim(now time.Time, m *member) {
-	c.reclaimHold.start(c.MeshMs(now), c.members.scale)
+	c.reclaimScale.start(c.MeshMs(now), c.members.scale)
 	c.evict(now, m)
 }
 
-// reclaimHold is a reclaim's hold: windows that began before fromMs (mesh
-// time; 0 when no hold is on) keep the partition scale of before the
-// reclaim, scale. The zero value holds nothing.
-type reclaimHold struct {
+// reclaimScale is the scale a reclaim keeps: windows that began before
+// fromMs (mesh time; 0 when none is kept) keep the partition scale of
+// before the reclaim, scale. The zero value keeps nothing.
+type reclaimScale struct {
 	fromMs int64
 	scale  float64
 }
 
-// start holds from nowMs with scale, or the hold's own scale if lower.
-func (h *reclaimHold) start(nowMs int64, scale float64) {
+// start keeps scale from nowMs on, or the scale already kept if lower.
+func (h *reclaimScale) start(nowMs int64, scale float64) {
 	if h.fromMs != 0 {
 		scale = min(scale, h.scale)
 	}
@@ -541,7 +541,7 @@ func (h *reclaimHold) start(nowMs int64, scale float64) {
 // began before it (a sliding window's previous one too): the reclaimed
 // members may have admitted their share of those windows, unseen, before
 // they fenced themselves. Windows that begin later get the whole limit.
-func (h *reclaimHold) apply(r *limiter.Rule, env *limiter.Env) {
+func (h *reclaimScale) apply(r *limiter.Rule, env *limiter.Env) {
 	if h.fromMs == 0 {
 		return
 	}
@@ -554,9 +554,10 @@ func (h *reclaimHold) apply(r *limiter.Rule, env *limiter.Env) {
 	}
 }
 
-// end ends the hold at nowMs once every window that began before it has
-// ended, longestMs being the longest window of any rule.
-func (h *reclaimHold) end(nowMs, longestMs int64) {
+// end stops keeping the scale at nowMs once every window that began
+// before the reclaim has ended, longestMs being the longest window of any
+// rule.
+func (h *reclaimScale) end(nowMs, longestMs int64) {
 	if h.fromMs != 0 && nowMs >= h.fromMs+2*longestMs {
 		h.fromMs, h.scale = 0, 0
 	}

@@ -115,10 +115,10 @@ func TestMembershipLiveByRankAndEvictions(t *testing.T) {
 	}
 }
 
-// TestReclaimHold checks the hold of a reclaim: windows that began before
-// it keep the scale of before, later ones do not, and it ends once the
-// longest window that began before it has ended.
-func TestReclaimHold(t *testing.T) {
+// TestReclaimScale checks the scale a reclaim keeps: windows that began
+// before it keep the scale of before, later ones do not, and it ends once
+// the longest window that began before it has ended.
+func TestReclaimScale(t *testing.T) {
 	fixed := limiter.Rule{Name: "f", Algorithm: limiter.FixedWindow, Limit: 10, Window: time.Second}
 	sliding := limiter.Rule{Name: "s", Algorithm: limiter.SlidingWindow, Limit: 10, Window: time.Second}
 	conc := limiter.Rule{Name: "c", Algorithm: limiter.Concurrency, Limit: 10}
@@ -127,11 +127,11 @@ func TestReclaimHold(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var h reclaimHold
+	var h reclaimScale
 	h.start(10_500, 0.5)
 	h.start(10_700, 0.75) // a second reclaim keeps the lower scale
 	if h.fromMs != 10_700 || h.scale != 0.5 {
-		t.Fatalf("hold from %d at %v, want 10700 at 0.5", h.fromMs, h.scale)
+		t.Fatalf("scale kept from %d at %v, want 10700 at 0.5", h.fromMs, h.scale)
 	}
 	tests := []struct {
 		r     *limiter.Rule
@@ -153,10 +153,10 @@ func TestReclaimHold(t *testing.T) {
 	}
 	h.end(12_699, 1000)
 	if h.fromMs == 0 {
-		t.Fatal("the hold ended before two windows had passed")
+		t.Fatal("the kept scale ended before two windows had passed")
 	}
 	h.end(12_700, 1000)
 	if h.fromMs != 0 {
-		t.Error("the hold did not end once two windows had passed")
+		t.Error("the kept scale did not end once two windows had passed")
 	}
 }

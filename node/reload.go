@@ -59,69 +59,25 @@ func (c *Core) Rules() []limiter.Rule {
 	return append([]limiter.Rule(nil), c.cfg.Rules...)
 }
 
-// RuleHeld is what a member holds for one rule: the keys (series) and
+// RuleKeys is what a member holds for one rule: the keys (series) and
 // the windows over all of them.
-type RuleHeld struct {
+type RuleKeys struct {
 	Rule    string
 	Keys    int
 	Windows int
 }
 
-// Held returns, per rule and sorted by name, the keys and windows this
-// member holds (counted as they come and go: it walks no key).
-func (c *Core) Held() []RuleHeld {
+// Keys returns, per rule and sorted by name, how many keys and windows
+// this member holds (counted as they come and go: it walks no key).
+func (c *Core) Keys() []RuleKeys {
 	names := c.RuleNames()
-	out := make([]RuleHeld, 0, len(names))
+	out := make([]RuleKeys, 0, len(names))
 	for _, name := range names {
 		set := c.limiters[name].Set()
-		out = append(out, RuleHeld{Rule: name, Keys: set.Len(), Windows: set.Windows()})
+		out = append(out, RuleKeys{Rule: name, Keys: set.Len(), Windows: set.Windows()})
 	}
 	return out
 }
 
-// keysHeld counts the keys held over every rule set in the container.
-func (c *Core) keysHeld() int { return c.c.Keys() }
-
-// Reload replaces the running member's rules (see Core.SetRules): all or
-// nothing, effective for the next decision. Merging rule by rule, so that
-// an invalid rule keeps its old version, is the caller's part (package
-// config).
-func (n *Node) Reload(rules []limiter.Rule) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed {
-		return ErrClosed
-	}
-	before := n.core.RulesHash()
-	if err := n.core.SetRules(rules); err != nil {
-		return err
-	}
-	n.log.Info("rules reloaded", "rules", len(rules), "rules_hash", fmt.Sprintf("%016x", n.core.RulesHash()), "previous_hash", fmt.Sprintf("%016x", before))
-	return nil
-}
-
-// Rules returns the member's normalised rules.
-func (n *Node) Rules() []limiter.Rule {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.core.Rules()
-}
-
-// RulesHash returns the hash of the member's rules, as its batches
-// advertise it.
-func (n *Node) RulesHash() uint64 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.core.RulesHash()
-}
-
-// Held returns the keys and windows the member holds per rule (see
-// Core.Held); nil after Close.
-func (n *Node) Held() []RuleHeld {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed {
-		return nil
-	}
-	return n.core.Held()
-}
+// keyCount counts the keys held over every rule set in the container.
+func (c *Core) keyCount() int { return c.c.Keys() }

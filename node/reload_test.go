@@ -126,7 +126,7 @@ func TestHeldAndKeysCollected(t *testing.T) {
 	if err != nil || d.Allowed || d.Reason != limiter.ReasonKeyCap {
 		t.Fatalf("a 4th key at max_keys 3: %+v %v, want denied key_cap", d, err)
 	}
-	if h := c.Held(); len(h) != 1 || h[0].Keys != 3 || h[0].Windows != 3 {
+	if h := c.Keys(); len(h) != 1 || h[0].Keys != 3 || h[0].Windows != 3 {
 		t.Fatalf("held %+v, want 3 keys, 3 windows", h)
 	}
 	later := start.Add(3 * time.Second)
@@ -189,7 +189,7 @@ func TestNodeMaxKeys(t *testing.T) {
 		t.Fatalf("the peer's key past the cap counts %d, want 1", got)
 	}
 	keys := 0
-	for _, h := range c.Held() {
+	for _, h := range c.Keys() {
 		keys += h.Keys
 	}
 	if keys != 5 {

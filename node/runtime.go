@@ -194,7 +194,7 @@ type Node struct {
 
 	answers sync.WaitGroup // anti-entropy answers in flight (see answer)
 
-	// Held requests and forwarding: see hold.go and forward.go.
+	// Held requests and forwarding: see runtime_hold.go and runtime_forward.go.
 	waiters []*waiter           // guarded by mu, oldest first
 	fwd     Forwarder           // the Transport's, or nil
 	fwdBusy map[string]struct{} // guarded by mu: rules and keys with a lottery forward under way

@@ -10,7 +10,9 @@ import (
 	"github.com/ratemesh/ratemesh/node"
 )
 
-// designExample is DESIGN.md's scenario, verbatim.
+// designExample is the design contract's example scenario, verbatim: the
+// scenario of the outside contract, kept beside the repository as
+// ../shared/DESIGN.md (not in it).
 const designExample = `
 name: partition-strict
 seed: 1
