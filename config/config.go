@@ -266,7 +266,7 @@ func Default() Config {
 			JoinTimeout:      cc.JoinTimeout,
 			FlushInterval:    time.Second, // at most a second of long-window counts lost to a crash
 			PersistMinWindow: time.Minute, // shorter windows are over before a restart completes
-			MaxKeys:          cc.MaxKeys,  // about 3 GB of keys
+			MaxKeys:          cc.MaxKeys,  // about 1.8 GiB of keys
 			HTTP: HTTP{
 				ReadTimeout:    10 * time.Second, // a decision request is a few hundred bytes: 10 s is generous, and cuts slow-loris clients
 				WriteTimeout:   10 * time.Second, // answers are small; a client that does not read them is let go

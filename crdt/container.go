@@ -136,16 +136,15 @@ func (w *Window) CollectAt() int64 { return (w.Index + 2) * w.WindowMs }
 type Series struct {
 	Key     string
 	Windows []*Window
-	Leases  PNCounter
-	// LeasesAcked is owner-side bookkeeping like Window.Acked: the owner's
-	// net acquired leases every live member has acknowledged.
-	LeasesAcked int64
+	// leases is the lease counter of a concurrency rule's key, nil for
+	// every other key (most): see Leases and EnsureLeases.
+	leases *LeaseCounts
 
 	rule        *RuleSet
 	leasesDirty bool
 	// where the series waits for Collect, and due in which bucket
 	// (expiry.go); where shares leasesDirty's word, so the series stays in
-	// the 160-byte size class (TestSeriesLayout).
+	// the 80-byte size class (TestSeriesLayout).
 	where uint8
 	due   int64
 	// one holds the series' first window, as Windows' array while it has
@@ -156,6 +155,42 @@ type Series struct {
 
 // Rule returns the rule set the series belongs to.
 func (s *Series) Rule() *RuleSet { return s.rule }
+
+// LeaseCounts is a key's lease counter: the leases acquired (P) and
+// released (N) in each slot, and the owner's acknowledged net.
+type LeaseCounts struct {
+	PNCounter
+	// Acked is owner-side bookkeeping like Window.Acked: the owner's net
+	// acquired leases every live member has acknowledged.
+	Acked int64
+}
+
+// noLeases is the lease counter of a series that has none: empty, and
+// never written (Leases hands it out for reading only).
+var noLeases LeaseCounts
+
+// Leases returns the series' lease counter to read: an empty one, shared,
+// when the series has none (a windowed rule's never has). Write through
+// EnsureLeases.
+func (s *Series) Leases() *LeaseCounts {
+	if s.leases == nil {
+		return &noLeases
+	}
+	return s.leases
+}
+
+// EnsureLeases returns the series' lease counter, making it if needed.
+// Only a concurrency rule's keys need one: the others keep the pointer
+// nil and the 88 bytes a counter takes.
+func (s *Series) EnsureLeases() *LeaseCounts {
+	if s.leases == nil {
+		s.leases = new(LeaseCounts)
+	}
+	return s.leases
+}
+
+// HasLeases reports whether the series has a lease counter.
+func (s *Series) HasLeases() bool { return s.leases != nil }
 
 // Window returns the window (windowMs, index), or nil.
 func (s *Series) Window(windowMs, index int64) *Window {

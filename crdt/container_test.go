@@ -267,14 +267,14 @@ func TestCollect(t *testing.T) {
 	api.Ensure("empty")
 	// "leased": a lease counter with a live lease: stays.
 	leased := conc.Ensure("leased")
-	leased.Leases.Raise(0, 1, 0)
+	leased.EnsureLeases().Raise(0, 1, 0)
 	// "released": every lease released, net zero: stays, because peers
 	// remember the slot's values and it must never restart from zero.
 	released := conc.Ensure("released")
-	released.Leases.Raise(0, 3, 3)
+	released.EnsureLeases().Raise(0, 3, 3)
 	released.EnsureWindow(1000, 1) // and its expired window goes
 	// "released-only": N heard, P not yet: stays.
-	conc.Ensure("released-only").Leases.Raise(4, 0, 1)
+	conc.Ensure("released-only").EnsureLeases().Raise(4, 0, 1)
 	// "lease-dirty": marked dirty but no counts yet: stays until taken.
 	leaseDirty := conc.Ensure("lease-dirty")
 	c.MarkLeasesDirty(leaseDirty)
@@ -298,7 +298,7 @@ func TestCollect(t *testing.T) {
 	if got := len(released.Windows); got != 0 {
 		t.Errorf("released has %d windows, want 0", got)
 	}
-	if got := released.Leases.Value(); got != 0 {
+	if got := released.Leases().Value(); got != 0 {
 		t.Errorf("released lease value = %d, want 0", got)
 	}
 	if api.Len() != 1 || conc.Len() != 4 {

@@ -280,7 +280,7 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 		s.Windows[i] = nil
 	}
 	s.Windows = kept
-	noLeases := s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0
+	noLeases := s.leases == nil || s.leases.P.Len() == 0 && s.leases.N.Len() == 0
 	switch {
 	case len(kept) == 0 && noLeases && !s.leasesDirty:
 		s.rule.keys.del(s.Key)

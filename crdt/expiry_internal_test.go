@@ -29,7 +29,7 @@ func walkCollect(c *Container, nowMs int64) int {
 				s.Windows[i] = nil
 			}
 			s.Windows = kept
-			if len(s.Windows) == 0 && s.Leases.P.Len() == 0 && s.Leases.N.Len() == 0 && !s.leasesDirty {
+			if len(s.Windows) == 0 && s.Leases().P.Len() == 0 && s.Leases().N.Len() == 0 && !s.leasesDirty {
 				r.keys.del(s.Key)
 			}
 		}
@@ -45,7 +45,7 @@ func dump(c *Container) string {
 		r.Each(func(s *Series) {
 			key := s.Key
 			var b strings.Builder
-			fmt.Fprintf(&b, "%s/%s leases %d/%d dirty %v:", name, key, s.Leases.P.Value(), s.Leases.N.Value(), s.leasesDirty)
+			fmt.Fprintf(&b, "%s/%s leases %d/%d dirty %v:", name, key, s.Leases().P.Value(), s.Leases().N.Value(), s.leasesDirty)
 			for _, w := range s.Windows {
 				fmt.Fprintf(&b, " %d/%d=%d,%v", w.WindowMs, w.Index, w.Admitted.Value(), w.dirty)
 			}
@@ -83,7 +83,7 @@ func randomOp(r *rand.Rand, nowMs int64) expiryOp {
 	case n < 12:
 		return func(c *Container) { c.Rule(rule).Ensure(key) }
 	case n < 13:
-		return func(c *Container) { c.Rule(rule).Ensure(key).Leases.Raise(1, 1, 0) }
+		return func(c *Container) { c.Rule(rule).Ensure(key).EnsureLeases().Raise(1, 1, 0) }
 	case n < 14:
 		return func(c *Container) { c.MarkLeasesDirty(c.Rule(rule).Ensure(key)) }
 	case n < 16:
@@ -167,7 +167,7 @@ func TestCollectKeepsMarkedAndLeased(t *testing.T) {
 	marked := r.Ensure("marked")
 	c.MarkLeasesDirty(marked)
 	leased := r.Ensure("leased")
-	leased.Leases.Raise(3, 1, 1)
+	leased.EnsureLeases().Raise(3, 1, 1)
 	leased.EnsureWindow(1000, 0)
 
 	if got := c.Collect(5000); got != 101 {
@@ -245,10 +245,11 @@ func TestCollectSomeDrains(t *testing.T) {
 }
 
 // TestSeriesLayout pins what Series's comment relies on: the series,
-// the queue's fields with it, fits the 160-byte size class.
+// the queue's fields with it, fits the 80-byte size class (the lease
+// counter behind a pointer).
 func TestSeriesLayout(t *testing.T) {
-	if got := unsafe.Sizeof(Series{}); got > 160 {
-		t.Errorf("Series is %d bytes, want at most 160", got)
+	if got := unsafe.Sizeof(Series{}); got > 80 {
+		t.Errorf("Series is %d bytes, want at most 80", got)
 	}
 }
 

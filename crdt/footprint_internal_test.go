@@ -118,8 +118,11 @@ func footprintOf(c *Container) footprint {
 			if unsafe.SliceData(s.Windows) != &s.one[0] {
 				f.winSlices += allocSize(cap(s.Windows) * int(unsafe.Sizeof(s)))
 			}
-			counter(&s.Leases.P, seen)
-			counter(&s.Leases.N, seen)
+			if s.leases != nil {
+				f.series += allocSize(int(unsafe.Sizeof(*s.leases)))
+				counter(&s.leases.P, seen)
+				counter(&s.leases.N, seen)
+			}
 			for _, w := range s.Windows {
 				f.windows += allocSize(int(unsafe.Sizeof(*w)))
 				counter(&w.Admitted, seen)

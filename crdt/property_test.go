@@ -430,7 +430,7 @@ func apply(c *crdt.Container, st *crdt.SlotTable, b *crdt.Batch) {
 	}
 	for _, e := range b.Leases {
 		id := st.Intern(b.SlotOf(e.Slot))
-		c.Rule(e.Rule).Ensure(e.Key).Leases.Raise(id, e.Acquired, e.Released)
+		c.Rule(e.Rule).Ensure(e.Key).EnsureLeases().Raise(id, e.Acquired, e.Released)
 	}
 }
 
@@ -461,8 +461,8 @@ func snapshot(t *testing.T, c *crdt.Container, st *crdt.SlotTable) map[cell][2]u
 				w.Attempted.Each(put(base, 1))
 			}
 			base := cell{lease: true, rule: name, key: s.Key}
-			s.Leases.P.Each(put(base, 0))
-			s.Leases.N.Each(put(base, 1))
+			s.Leases().P.Each(put(base, 0))
+			s.Leases().N.Each(put(base, 1))
 		})
 	}
 	return m

@@ -352,9 +352,10 @@ func (l *Limiter) LeaseUsage(key string, live func(crdt.SlotID) bool) Usage {
 	if s == nil {
 		return Usage{}
 	}
-	u := Usage{Cur: uint64(s.Leases.ValueWhere(live))}
-	if own := s.Leases.SlotValue(l.self); own > s.LeasesAcked {
-		u.CurUnacked = uint64(own - s.LeasesAcked)
+	lc := s.Leases()
+	u := Usage{Cur: uint64(lc.ValueWhere(live))}
+	if own := lc.SlotValue(l.self); own > lc.Acked {
+		u.CurUnacked = uint64(own - lc.Acked)
 	}
 	return u
 }
@@ -383,9 +384,9 @@ func (l *Limiter) DecideLease(ch Check, env Env, live func(crdt.SlotID) bool) De
 func (l *Limiter) RecordLease(key string, delta int) {
 	s := l.set.Ensure(key)
 	if delta > 0 {
-		s.Leases.P.Add(l.self, uint64(delta))
+		s.EnsureLeases().P.Add(l.self, uint64(delta))
 	} else if delta < 0 {
-		s.Leases.N.Add(l.self, uint64(-delta))
+		s.EnsureLeases().N.Add(l.self, uint64(-delta))
 	}
 	l.c.MarkLeasesDirty(s)
 }

@@ -468,12 +468,12 @@ func TestLeases(t *testing.T) {
 		t.Errorf("after a release LeaseUsage = %+v, want {1, 1}", u)
 	}
 	s := c.Lookup("conn").Series("k")
-	if s.Leases.P.Get(self) != 2 || s.Leases.N.Get(self) != 1 {
-		t.Errorf("own slot P %d N %d, want 2 and 1", s.Leases.P.Get(self), s.Leases.N.Get(self))
+	if s.Leases().P.Get(self) != 2 || s.Leases().N.Get(self) != 1 {
+		t.Errorf("own slot P %d N %d, want 2 and 1", s.Leases().P.Get(self), s.Leases().N.Get(self))
 	}
 
 	// Another member's lease counts while live says so.
-	s.Leases.Raise(other, 1, 0)
+	s.EnsureLeases().Raise(other, 1, 0)
 	if d := l.DecideLease(ch, env, all); d.Allowed {
 		t.Errorf("with another member's lease: %+v, want denied", d)
 	}
@@ -522,7 +522,7 @@ func TestLeasesShare(t *testing.T) {
 		t.Errorf("unacknowledged leases: %+v, want denied by the share, retry after 40ms", d)
 	}
 	s := c.Lookup("conn").Series("k")
-	s.LeasesAcked = 2
+	s.EnsureLeases().Acked = 2
 	if u := l.LeaseUsage("k", all); u != (Usage{Cur: 2}) {
 		t.Errorf("acknowledged LeaseUsage = %+v, want {Cur 2}", u)
 	}

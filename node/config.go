@@ -246,9 +246,8 @@ type CoreConfig struct {
 }
 
 // DefaultMaxKeys is CoreConfig.MaxKeys's default: a member holding this
-// many keys, each touched once, takes about 3 GB of memory
-// (docs/performance.md, "A key budget"), so ten million new keys cannot
-// take a node past 4 GB.
+// many keys, each touched once, takes about 1.8 GiB of memory
+// (docs/performance.md, "A key budget"), half of what ten million take.
 const DefaultMaxKeys = 5_000_000
 
 // DefaultCoreConfig returns the defaults of the config file

@@ -434,7 +434,9 @@ func (c *Core) reincarnate(now time.Time) {
 			for _, w := range s.Windows {
 				w.Acked = 0
 			}
-			s.LeasesAcked = 0
+			if s.HasLeases() {
+				s.Leases().Acked = 0
+			}
 		})
 	}
 	c.leases.byID = make(map[string]*lease)
@@ -545,10 +547,10 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 		if id == c.selfID {
 			continue
 		}
-		ls := &l.Set().Ensure(e.Key).Leases
+		ls := l.Set().Ensure(e.Key).EnsureLeases()
 		acq, rel := e.Acquired, e.Released
 		if id != c.slotOf(b, 0, &sc) {
-			acq, rel = c.relayedLease(ls, id, acq, rel)
+			acq, rel = c.relayedLease(&ls.PNCounter, id, acq, rel)
 		}
 		if ls.Raise(id, acq, rel) {
 			raised++

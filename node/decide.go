@@ -324,13 +324,13 @@ func (c *Core) usage(now time.Time, rule, key string, window *int64) (UsageRepor
 	s := l.Set().Series(key)
 	if r.Leased() {
 		if s != nil {
-			rep.Total = uint64(s.Leases.ValueWhere(c.liveSlot))
-			s.Leases.P.Each(func(id crdt.SlotID, p uint64) {
+			rep.Total = uint64(s.Leases().ValueWhere(c.liveSlot))
+			s.Leases().P.Each(func(id crdt.SlotID, p uint64) {
 				if !c.liveSlot(id) {
 					return
 				}
 				sl := c.slots.Slot(id)
-				n := s.Leases.N.Get(id)
+				n := s.Leases().N.Get(id)
 				rep.Slots = append(rep.Slots, SlotUsage{Peer: sl.Peer, Incarnation: sl.Incarnation, Admitted: p - min(n, p), Attempted: p})
 			})
 		}

@@ -162,7 +162,7 @@ func (o *outbox) acked(frontier, nowMs int64) {
 				}
 			}
 			for _, sl := range sb.leases {
-				sl.s.LeasesAcked = sl.v
+				sl.s.EnsureLeases().Acked = sl.v
 			}
 		}
 		done++
@@ -450,7 +450,7 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, grou
 		sb.wins = append(sb.wins, sentWin{w: w, v: e.Admitted})
 	}
 	for _, s := range ls {
-		p, n := s.Leases.P.Get(c.selfID), s.Leases.N.Get(c.selfID)
+		p, n := s.Leases().P.Get(c.selfID), s.Leases().N.Get(c.selfID)
 		if p == 0 && n == 0 {
 			continue
 		}
@@ -509,7 +509,7 @@ func (c *Core) ownLive() ([]*crdt.Window, []*crdt.Series) {
 					wins = append(wins, w)
 				}
 			}
-			if s.Leases.P.Get(c.selfID) > 0 {
+			if s.Leases().P.Get(c.selfID) > 0 {
 				ls = append(ls, s)
 			}
 		})
@@ -609,12 +609,12 @@ func (c *Core) fullState(now time.Time, flags uint64, relay, table bool) []*crdt
 					b.Windows = append(b.Windows, crdt.WindowEntry{Slot: i, Rule: name, Key: s.Key, WindowMs: w.WindowMs, Window: w.Index, Admitted: w.Admitted.Get(id), Attempted: att})
 				})
 			}
-			s.Leases.P.Each(func(id crdt.SlotID, p uint64) {
+			s.Leases().P.Each(func(id crdt.SlotID, p uint64) {
 				if (id != c.selfID && !relay) || !c.liveSlot(id) {
 					return
 				}
 				i := slot(id)
-				b.Leases = append(b.Leases, crdt.LeaseEntry{Slot: i, Rule: name, Key: s.Key, Acquired: p, Released: s.Leases.N.Get(id)})
+				b.Leases = append(b.Leases, crdt.LeaseEntry{Slot: i, Rule: name, Key: s.Key, Acquired: p, Released: s.Leases().N.Get(id)})
 			})
 		}
 	}

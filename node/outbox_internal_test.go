@@ -104,8 +104,8 @@ func TestOutboxAckedMarksAcknowledged(t *testing.T) {
 	if got := []uint64{ws[0].Acked, ws[1].Acked, ws[2].Acked}; !slices.Equal(got, []uint64{4, 0, 9}) {
 		t.Errorf("Acked after frontier 110 = %v, want [4 0 9] (2 was nacked; 9 never lowers)", got)
 	}
-	if series.LeasesAcked != 2 {
-		t.Errorf("LeasesAcked = %d, want 2", series.LeasesAcked)
+	if series.Leases().Acked != 2 {
+		t.Errorf("Leases().Acked = %d, want 2", series.Leases().Acked)
 	}
 	if len(o.ring) != 1 || o.ring[0].seq != 3 {
 		t.Fatalf("ring after frontier 110 holds %v, want batch 3 only", o.ring)
