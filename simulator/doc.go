@@ -16,6 +16,7 @@
 //		deliver the batches due at t     // core.Step(local clock, batch) per receiver
 //		generate the requests of t       // core.Allow per request, Poisson arrivals
 //		tick the nodes due at t          // core.Tick, then core.Ready to handle: publish Messages, send Direct, next tick at NextTick
+//		publish the edges due at t       // the leading edge: core.Flush, then core.Ready to handle, as the runtime does (edge.go)
 //	}
 //
 // That is what every core sees. The engine runs it faster: a receiver's
@@ -26,6 +27,14 @@
 // millisecond run in parallel (Options.Workers). Each core still gets the
 // same calls with the same arguments in the same order, so the outputs are
 // the same byte for byte.
+//
+// A decision, a lease operation or a nack to serve arms the node's leading
+// edge as it wakes the runtime's run loop (node.Config.PublishGap, by
+// default half the sync interval; mesh.publish_gap): the node publishes
+// its own changes at once when its last batch is at least the gap old, and
+// otherwise the gap after that batch, with every change made meanwhile
+// (Core.Flush); the sync tick still publishes heartbeats, acknowledgements
+// and whatever is pending. mesh.publish_gap: tick turns it off.
 //
 // Each node's local clock is virtual time plus its skew offset. Time starts
 // at 2026-01-01T00:00:00Z, aligned to every window. Skew events at 0s apply

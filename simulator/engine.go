@@ -48,6 +48,7 @@ type simNode struct {
 	skewNs   int64
 	group    int
 	nextTick int64 // virtual ms of the next Tick
+	edge     int   // the seq of its leading edge scheduled in sim.edges, 0 when none (edge.go)
 	bytes    uint64
 	msgs     uint64
 	sampleN  uint64 // entry-carrying batches published (for sampling)
@@ -129,6 +130,7 @@ const (
 	evChurn        EventKind = "churn"
 	evChurnRestart EventKind = "churn-restart"
 	evDial         EventKind = "dial" // a joiner dials the members its seed's full state named
+	evEdge         EventKind = "edge" // a node's leading edge, on sim.edges (edge.go)
 	sampleEntries            = 16
 	sampleMaxAgeMs           = 10_000
 )
@@ -167,6 +169,8 @@ const (
 //     false. workers, parallelMin and eager say how work runs the jobs
 //     (Options).
 //   - Scripted time: events, a heap by (at, seq), evSeq its counter.
+//     The leading edges (edge.go): edges, the same kind of heap, its
+//     seqs from evSeq too, and gap, the scenario's PublishGap.
 //   - What is offered: rules (accumulators by the scenario's rule order,
 //     ruleIdx by name) and wls, the workloads; lease holds the lease
 //     clients of concurrency rules (leases.go), held the Allows each
@@ -217,6 +221,8 @@ type sim struct {
 	eager       bool
 	events      eventQueue
 	evSeq       int
+	edges       eventQueue    // leading edges (edge.go)
+	gap         time.Duration // Scenario.PublishGap; ≤ 0: no leading edge
 	rules       []*ruleAcc
 	ruleIdx     map[string]int
 	wls         []*workloadState
@@ -291,6 +297,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		loss:      sc.Network.Loss,
 		ruleIdx:   map[string]int{},
 		partStart: -1,
+		gap:       sc.PublishGap,
 	}
 	maxDelay := (s.latNs+s.jitNs)/int64(time.Millisecond) + 2
 	size := int64(1)
@@ -502,6 +509,7 @@ func (s *sim) startNode(i int, join bool) error {
 		sort.Ints(s.present)
 	}
 	n.nextTick = s.now
+	n.edge = 0
 	if s.downStart[i] >= 0 {
 		s.shades = append(s.shades, Shade{Kind: "down", From: s.downStart[i], To: s.now})
 		s.downStart[i] = -1
@@ -546,6 +554,9 @@ func (s *sim) step() error {
 	if err := s.tick(); err != nil {
 		return err
 	}
+	if err := s.edgesDue(); err != nil { // edge.go
+		return err
+	}
 	s.nodeMs += uint64(len(s.upList))
 	sec := &s.seconds[s.now/1000]
 	sec.NodeMs += uint64(len(s.upList))
@@ -571,12 +582,17 @@ func (s *sim) deliver() {
 		n := s.nodes[r]
 		if n.up {
 			nowNs := int64(s.local(r).Sub(epoch))
+			nacked := false
 			for _, m := range msgs {
 				if n.group != s.nodes[m.from].group {
 					continue // cut while in flight
 				}
 				s.pending[r] = append(s.pending[r], pendMsg{b: m.b, nowNs: nowNs, at: s.now})
 				s.nPending++
+				nacked = nacked || s.gap > 0 && nacks(m.b, n.core.Self())
+			}
+			if nacked {
+				s.arm(r) // edge.go: the runtime publishes a nack's repair on its leading edge
 			}
 		}
 		for k, m := range msgs {
@@ -658,6 +674,16 @@ func (s *sim) work() error {
 	}
 	if err != nil {
 		return err
+	}
+	// The leading edge of what the calls and the held calls decided again
+	// changed (edge.go), in call order, then node order.
+	for i := range s.calls {
+		s.arm(s.calls[i].node)
+	}
+	for _, r := range s.due {
+		if len(s.held[r]) > 0 {
+			s.arm(int(r))
+		}
 	}
 	for i := range s.calls {
 		c := &s.calls[i]

@@ -31,7 +31,13 @@ type Scenario struct {
 	Nodes   int
 	Network Network
 	Mesh    node.CoreConfig // durations and policy; Peer, Incarnation, Rules unset
-	Rules   []limiter.Rule  // normalised
+	// PublishGap is the nodes' leading edge (mesh.publish_gap; the
+	// runtime's node.Config.PublishGap; edge.go): the least time between
+	// two batches of a node with own changes to publish, sync_interval/2
+	// unless the scenario sets it. Negative: no leading edge, the nodes
+	// publish on their sync tick alone.
+	PublishGap time.Duration
+	Rules      []limiter.Rule // normalised
 	// Warnings name rule settings that do not apply and are ignored
 	// (config.ParseRules).
 	Warnings  []string
@@ -223,7 +229,7 @@ var lineRE = regexp.MustCompile(`line (\d+)`)
 // config file's, read by package config (config.ParseMesh,
 // config.ParseRules): the same schema and the same errors, naming the path
 // and the line (rules[0] "api": limit: line 5: …); the mesh section adds
-// join_timeout and local_clock.
+// join_timeout, local_clock and publish_gap.
 func Parse(data []byte) (*Scenario, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -367,22 +373,33 @@ func (raw *rawScenario) buildNetwork(s *Scenario) error {
 
 // buildMesh reads the mesh section as a config file's (config.ParseMesh),
 // over node's defaults, plus the simulator's own keys: join_timeout
-// (a config file's node.join_timeout) and local_clock
-// (node.CoreConfig.LocalClock). namespace does not apply: the simulator
-// runs one mesh.
+// (a config file's node.join_timeout), local_clock
+// (node.CoreConfig.LocalClock) and publish_gap (node.Config.PublishGap,
+// not a config-file key; see publishGapField). namespace does not apply:
+// the simulator runs one mesh.
 func (raw *rawScenario) buildMesh(s *Scenario) error {
 	cfg := node.DefaultCoreConfig()
 	if hasKey(&raw.Mesh, "namespace") {
 		return errf("mesh.namespace", "does not apply: the simulator runs one mesh")
 	}
+	var gap time.Duration
 	m, err := config.ParseMesh(&raw.Mesh, config.Default().Mesh, map[string]config.Field{
 		"join_timeout": config.DurationField(&cfg.JoinTimeout),
 		"local_clock":  config.BoolField(&cfg.LocalClock),
+		"publish_gap":  publishGapField(&gap),
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrScenario, err)
 	}
 	cfg.MeshConfig = m.MeshConfig
+	switch {
+	case gap == 0:
+		s.PublishGap = cfg.SyncInterval / 2 // the runtime's default
+	case gap < 0:
+		s.PublishGap = -1
+	default:
+		s.PublishGap = gap
+	}
 	if cfg.JoinTimeout <= 0 {
 		return errf("mesh.join_timeout", "must be positive, got %v", cfg.JoinTimeout)
 	}
@@ -391,6 +408,25 @@ func (raw *rawScenario) buildMesh(s *Scenario) error {
 	}
 	s.Mesh = cfg
 	return nil
+}
+
+// publishGapField decodes mesh.publish_gap into dst: a duration such as
+// 10ms, 0 for the runtime's default (sync_interval/2), or tick (stored as
+// −1) or a negative duration for no leading edge, as
+// node.Config.PublishGap reads a negative one.
+func publishGapField(dst *time.Duration) config.Field {
+	return func(v *yaml.Node, path string) error {
+		if v.Kind == yaml.ScalarNode && v.Tag == "!!str" && v.Value == "tick" {
+			*dst = -1
+			return nil
+		}
+		d, err := time.ParseDuration(v.Value)
+		if v.Kind != yaml.ScalarNode || err != nil || (v.Tag != "!!str" && v.Value != "0") {
+			return fmt.Errorf("%s: line %d: must be a duration such as 10ms, 0 (sync_interval/2) or tick (no leading edge), got %q", path, v.Line, v.Value)
+		}
+		*dst = d
+		return nil
+	}
 }
 
 // buildRules reads the rules as a config file's (config.ParseRules).

@@ -228,3 +228,34 @@ events:
 		t.Errorf("workload %+v", w)
 	}
 }
+
+// TestParsePublishGap: mesh.publish_gap is the runtime's
+// node.Config.PublishGap, 0 its default (sync_interval/2), tick or a
+// negative duration no leading edge (edge.go).
+func TestParsePublishGap(t *testing.T) {
+	const yml = "name: x\nduration: 10s\nnodes: 3\nmesh: {sync_interval: 100ms%s}\n" +
+		"rules:\n  - {name: api, algorithm: fixed_window, limit: 100, window: 1s}\nworkload:\n  - {rule: api, rate: 10}\n"
+	cases := []struct {
+		mesh string
+		want time.Duration
+	}{
+		{"", 50 * time.Millisecond},
+		{", publish_gap: 0", 50 * time.Millisecond},
+		{", publish_gap: 0s", 50 * time.Millisecond},
+		{", publish_gap: 20ms", 20 * time.Millisecond},
+		{", publish_gap: tick", -1},
+		{", publish_gap: -5ms", -1},
+	}
+	for _, c := range cases {
+		sc := mustParse(t, strings.Replace(yml, "%s", c.mesh, 1))
+		if sc.PublishGap != c.want {
+			t.Errorf("mesh {sync_interval: 100ms%s}: PublishGap %v, want %v", c.mesh, sc.PublishGap, c.want)
+		}
+	}
+	for _, bad := range []string{"soon", "10", "[1]", "true"} {
+		_, err := Parse([]byte(strings.Replace(yml, "%s", ", publish_gap: "+bad, 1)))
+		if err == nil || !errors.Is(err, ErrScenario) || !strings.Contains(err.Error(), "mesh.publish_gap: line 4: must be a duration") {
+			t.Errorf("publish_gap: %s: error %v, want one naming mesh.publish_gap", bad, err)
+		}
+	}
+}

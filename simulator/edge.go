@@ -1,0 +1,106 @@
+package simulator
+
+import (
+	"container/heap"
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+)
+
+// The leading edge. The node runtime publishes a member's own changes
+// ahead of its sync tick (node.Config.PublishGap; node/runtime_publish.go,
+// publishEarly): a decision, a lease operation or a nack to serve wakes its
+// run loop, which calls Core.Flush and hands the Ready over once the
+// member's last batch (Core.LastPublished) is at least PublishGap old, and
+// otherwise arms a timer for the rest of the gap, when it looks again. The
+// engine does the same in virtual time. arm schedules a node's edge, one
+// at a time, on the heap edges at max(now, last batch + gap) in whole
+// milliseconds; edgesDue, after the millisecond's ticks are handled, steps
+// the node's pending deliveries, looks at its last batch again (a Tick may
+// have published since) and either schedules the edge anew or calls
+// Core.Flush and hands the Ready to handle, as tick does a Tick's.
+//
+// The runtime arms on every decision and disarms when its edge finds
+// nothing pending; the core does not export whether anything is (its
+// pending), and needs not: Flush adds nothing and changes nothing then, so
+// an edge armed in vain publishes nothing, and it comes no earlier than
+// the runtime's would have for a change made meanwhile. A nack is seen
+// where the batch is delivered (deliver), not where it is stepped, so the
+// edge does not depend on when the engine steps it.
+//
+// Scenario.PublishGap negative (mesh.publish_gap: tick) arms nothing: the
+// nodes publish on their sync tick alone, as the simulator did before it
+// had a leading edge.
+
+// arm schedules node r's leading edge unless one is scheduled already
+// (its simNode.edge) or the scenario turns it off.
+func (s *sim) arm(r int) {
+	n := s.nodes[r]
+	if s.gap <= 0 || n.edge != 0 || !n.up {
+		return
+	}
+	s.pushEdge(r, publishWait(s.local(r), n.core.LastPublished(), s.gap))
+}
+
+// pushEdge schedules node r's edge wait after now, rounded up to whole
+// milliseconds; none at or after the end of the run.
+func (s *sim) pushEdge(r int, wait time.Duration) {
+	at := s.now + int64((wait+time.Millisecond-1)/time.Millisecond)
+	if at >= s.durMs {
+		return
+	}
+	s.evSeq++
+	s.nodes[r].edge = s.evSeq
+	heap.Push(&s.edges, simEvent{at: at, seq: s.evSeq, kind: evEdge, node: r})
+}
+
+// edgesDue runs the leading edges due now, in the order of the heap:
+// by time, then by the order they were scheduled in.
+func (s *sim) edgesDue() error {
+	for len(s.edges) > 0 && s.edges[0].at <= s.now {
+		e := heap.Pop(&s.edges).(simEvent)
+		r := e.node
+		n := s.nodes[r]
+		if !n.up || n.edge != e.seq {
+			continue // the node crashed, left or restarted since
+		}
+		n.edge = 0
+		s.nPending -= len(s.pending[r])
+		if err := s.flush(r); err != nil {
+			return err
+		}
+		now := s.local(r)
+		if wait := publishWait(now, n.core.LastPublished(), s.gap); wait > 0 {
+			s.pushEdge(r, wait) // a Tick published since the edge was armed
+			continue
+		}
+		n.core.Flush(now)
+		if err := s.handle(r, n.core.Ready()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nacks reports whether b nacks a batch of self, which the receiver's
+// Core.Step then serves (a repair, or every own value again).
+func nacks(b *crdt.Batch, self crdt.Slot) bool {
+	for _, nk := range b.Nacks {
+		if nk.Slot == self {
+			return true
+		}
+	}
+	return false
+}
+
+// publishWait returns how long after now a change may be published when
+// the member's last batch was built at last and batches are at least gap
+// apart: 0 once gap has passed (or before any batch), never more than gap
+// (a clock that stepped back does not hold changes longer). It is the
+// runtime's (node/runtime_publish.go), which node does not export.
+func publishWait(now, last time.Time, gap time.Duration) time.Duration {
+	if last.IsZero() {
+		return 0
+	}
+	return min(max(last.Add(gap).Sub(now), 0), gap)
+}
