@@ -16,7 +16,8 @@ import "github.com/ratemesh/ratemesh/limiter"
 // the budget once, so a unit-cost request over it was answered unpublished
 // too: a SIGKILL in a rolling restart of 5 processes under two busy loops
 // took a window to 1021 of 1000, the budget of 20 plus that one.) The
-// simulator publishes on its ticks and does not consult it.
+// simulator publishes on its ticks and leading edges and does not consult
+// it.
 
 // unpublished is the credits of one rule admitted since the last batch.
 type unpublished struct {

@@ -648,8 +648,8 @@ func (c *Core) LastPublished() time.Time { return c.out.lastSent }
 // next sync to SyncInterval after now: a sync that came early. It adds
 // nothing, and changes nothing, when no own change is pending or after
 // Leave. The runtime calls it on the leading edge of a change
-// (Config.PublishGap); the simulator does not, and publishes on the tick
-// alone.
+// (Config.PublishGap), and the simulator does the same in virtual time
+// (simulator/edge.go).
 func (c *Core) Flush(now time.Time) {
 	if !c.pending() {
 		return

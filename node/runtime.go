@@ -61,7 +61,8 @@ type Config struct {
 	// whatever is pending. Under a steady load the member thus publishes
 	// every PublishGap, and a sparse change goes out without waiting.
 	// 0 means SyncInterval/2; a negative value turns the leading edge off,
-	// leaving changes to the tick (as the simulator's cores publish).
+	// leaving changes to the tick (a simulator scenario's
+	// mesh.publish_gap: tick).
 	PublishGap time.Duration
 	// StartJoining makes Start return as soon as the transport is up,
 	// without waiting for the join: until it is ready the node answers
