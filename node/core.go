@@ -726,6 +726,12 @@ func (c *Core) AntiEntropy(now time.Time, peers ...string) {
 	flags := crdt.FlagFull
 	if !c.join.joined || c.members.fenced {
 		flags |= crdt.FlagWant
+		if c.join.asked == nil {
+			c.join.asked = make(map[string]bool)
+		}
+		for _, p := range peers {
+			c.join.asked[p] = true
+		}
 	}
 	c.ready.Direct = gather(c.ready.Direct, c.directs(peers, func(table bool) []*crdt.Batch { return c.fullState(now, flags, false, table) }))
 }

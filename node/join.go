@@ -55,6 +55,13 @@ type joinState struct {
 	healed map[string]bool
 	// wasFenced is the fence as of the last call of fence, to see it lift.
 	wasFenced bool
+	// ask are the members heard again while fenced whose relay the
+	// rejoin awaits and has not asked for, set when the fence lifts (see
+	// fence): noteFence asks each for it. asked holds the peers a full
+	// state flagged FlagWant went to since the last join whose relay has
+	// not arrived: a relay is on its way from each.
+	ask   []string
+	asked map[string]bool
 	// became and timedOut report a join, and one by join_timeout, since
 	// the last Tick (which adds them to the Ready).
 	became, timedOut bool
@@ -104,6 +111,7 @@ func (j *joinState) join(timedOut bool) {
 	j.timedOut = j.timedOut || timedOut
 	j.stateFrom, j.expecting = nil, nil
 	j.suggested, j.perSender = nil, nil
+	j.asked = nil
 }
 
 // suggest notes, while joining, that from's member table names peer, a
@@ -146,6 +154,7 @@ func (j *joinState) heardFrom(peer string) bool {
 
 // relayed records that peer's relay (its whole view) has arrived.
 func (j *joinState) relayed(peer string) {
+	delete(j.asked, peer)
 	if _, ok := j.healed[peer]; ok {
 		j.healed[peer] = true
 	}
@@ -204,6 +213,9 @@ func (j *joinState) fence(now time.Time, fenced bool, self string, alive func(pe
 				continue
 			}
 			rejoin(peer)
+			if j.expecting[peer] && !j.asked[peer] {
+				j.ask = append(j.ask, peer) // awaited, never asked: see Core.noteFence
+			}
 		}
 		for _, peer := range suspects() {
 			if !healed[peer] {
@@ -263,6 +275,16 @@ func (c *Core) noteFence(now time.Time) {
 	}
 	if c.join.fence(now, c.members.fenced, c.self.Peer, alive, suspects) {
 		c.regate()
+	}
+	if ask := c.join.ask; len(ask) > 0 {
+		// A member heard again may never have lost its connection to this
+		// one (a member of this side suspected for a lost heartbeat), and
+		// a full state and relay travel only on a new connection: ask
+		// each for its relay with a full state of ours (FlagWant), or the
+		// rejoin would wait out join_timeout for it.
+		c.join.ask = nil
+		slices.Sort(ask)
+		c.AntiEntropy(now, ask...)
 	}
 	if !c.members.fenced {
 		for _, m := range c.members.order {
