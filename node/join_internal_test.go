@@ -70,8 +70,20 @@ func TestJoinRejoinsWhenTheFenceLifts(t *testing.T) {
 	if j.joined || !j.started.Equal(now) || !j.expecting["a"] || len(j.expecting) != 1 {
 		t.Errorf("after the fence lifted: joined %v, started %v, expecting %v; want joining since now, expecting a", j.joined, j.started, j.expecting)
 	}
+	if !slices.Equal(j.ask, []string{"a"}) {
+		t.Errorf("asks %v for their relay, want a: nothing asked it, and nothing else would (its connection may never have dropped)", j.ask)
+	}
 	if j.fence(now, false, "me", alive, none) {
 		t.Error("a second call without a fence rejoined again")
+	}
+	// A member asked for its relay already (a full state flagged
+	// FlagWant went to it on a new connection) is awaited, not asked again.
+	m := joinState{started: tIn, joined: true}
+	m.fence(now, true, "me", alive, none)
+	m.heard("a")
+	m.asked = map[string]bool{"a": true}
+	if !m.fence(now, false, "me", alive, none) || !m.expecting["a"] || len(m.ask) != 0 {
+		t.Errorf("a asked already: expecting %v, asks %v; want a awaited and nobody asked again", m.expecting, m.ask)
 	}
 	// Every member heard again has sent its relay: the fence lifts
 	// without a rejoin.
