@@ -190,6 +190,23 @@ func (c *traceCmd) want(least, most int, usage string) error {
 	return nil
 }
 
+// check checks the command's bare words (want) and options (only).
+func (c *traceCmd) check(least, most int, usage string, opts ...string) error {
+	if err := c.want(least, most, usage); err != nil {
+		return err
+	}
+	return c.only(opts...)
+}
+
+// subject checks the command (check) and resolves the member its first
+// word names.
+func (e *traceEnv) subject(c *traceCmd, least, most int, usage string, opts ...string) (int, error) {
+	if err := c.check(least, most, usage, opts...); err != nil {
+		return 0, err
+	}
+	return e.member(c.args[0])
+}
+
 // only checks that the command has no other options than names.
 func (c *traceCmd) only(names ...string) error {
 	for k := range c.opts {
@@ -266,10 +283,7 @@ func (e *traceEnv) do(d *datadriven.TestData) (string, error) {
 }
 
 func (e *traceEnv) cmdRule(c *traceCmd, _ *strings.Builder) error {
-	if err := c.want(3, 3, "NAME ALG LIMIT [window=D] [ttl=D]"); err != nil {
-		return err
-	}
-	if err := c.only("window", "ttl"); err != nil {
+	if err := c.check(3, 3, "NAME ALG LIMIT [window=D] [ttl=D]", "window", "ttl"); err != nil {
 		return err
 	}
 	limit, err := strconv.ParseUint(c.args[2], 10, 64)
@@ -343,13 +357,7 @@ func (e *traceEnv) cmdAdd(c *traceCmd, _ *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdAllow(c *traceCmd, out *strings.Builder) error {
-	if err := c.want(3, 3, "PEER KEY N [rule=R]"); err != nil {
-		return err
-	}
-	if err := c.only("rule"); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 3, 3, "PEER KEY N [rule=R]", "rule")
 	if err != nil {
 		return err
 	}
@@ -385,13 +393,7 @@ func printDenied(out *strings.Builder, denied map[string]int) {
 }
 
 func (e *traceEnv) cmdAcquire(c *traceCmd, out *strings.Builder) error {
-	if err := c.want(2, 3, "PEER KEY [N] [rule=R]"); err != nil {
-		return err
-	}
-	if err := c.only("rule"); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 2, 3, "PEER KEY [N] [rule=R]", "rule")
 	if err != nil {
 		return err
 	}
@@ -425,13 +427,7 @@ func (e *traceEnv) cmdAcquire(c *traceCmd, out *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdLease(c *traceCmd, out *strings.Builder) error {
-	if err := c.want(2, 2, "PEER ID"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 2, 2, "PEER ID")
 	if err != nil {
 		return err
 	}
@@ -448,13 +444,7 @@ func (e *traceEnv) cmdLease(c *traceCmd, out *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdLeases(c *traceCmd, out *strings.Builder) error {
-	if err := c.want(1, 1, "PEER"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 1, 1, "PEER")
 	if err != nil {
 		return err
 	}
@@ -469,13 +459,7 @@ func (e *traceEnv) cmdLeases(c *traceCmd, out *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdExpect(c *traceCmd, _ *strings.Builder) error {
-	if err := c.want(2, -1, "PEER PEER…"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 2, -1, "PEER PEER…")
 	if err != nil {
 		return err
 	}
@@ -486,10 +470,7 @@ func (e *traceEnv) cmdExpect(c *traceCmd, _ *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdDrop(c *traceCmd, _ *strings.Builder) error {
-	if err := c.want(2, 3, "FROM TO [N]"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
+	if err := c.check(2, 3, "FROM TO [N]"); err != nil {
 		return err
 	}
 	from, to, err := e.pair(c.args[0], c.args[1])
@@ -542,13 +523,7 @@ func (e *traceEnv) cmdLink(c *traceCmd, _ *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdStop(c *traceCmd, _ *strings.Builder) error {
-	if err := c.want(1, 1, "PEER"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 1, 1, "PEER")
 	if err != nil {
 		return err
 	}
@@ -561,10 +536,7 @@ func (e *traceEnv) cmdStop(c *traceCmd, _ *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdEvict(c *traceCmd, _ *strings.Builder) error {
-	if err := c.want(2, 2, "PEER PEER"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
+	if err := c.check(2, 2, "PEER PEER"); err != nil {
 		return err
 	}
 	i, _, err := e.pair(c.args[0], c.args[1])
@@ -575,13 +547,7 @@ func (e *traceEnv) cmdEvict(c *traceCmd, _ *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdSkew(c *traceCmd, _ *strings.Builder) error {
-	if err := c.want(2, 2, "PEER DURATION"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 2, 2, "PEER DURATION")
 	if err != nil {
 		return err
 	}
@@ -635,13 +601,7 @@ func (e *traceEnv) cmdRound(c *traceCmd, out *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdUsage(c *traceCmd, out *strings.Builder) error {
-	if err := c.want(2, 2, "PEER KEY [rule=R]"); err != nil {
-		return err
-	}
-	if err := c.only("rule"); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 2, 2, "PEER KEY [rule=R]", "rule")
 	if err != nil {
 		return err
 	}
@@ -664,13 +624,7 @@ func (e *traceEnv) cmdUsage(c *traceCmd, out *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdWindows(c *traceCmd, out *strings.Builder) error {
-	if err := c.want(2, 2, "PEER KEY [rule=R]"); err != nil {
-		return err
-	}
-	if err := c.only("rule"); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 2, 2, "PEER KEY [rule=R]", "rule")
 	if err != nil {
 		return err
 	}
@@ -708,13 +662,7 @@ func (e *traceEnv) inc(n uint64) string {
 }
 
 func (e *traceEnv) cmdMembers(c *traceCmd, out *strings.Builder) error {
-	if err := c.want(1, 1, "PEER"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 1, 1, "PEER")
 	if err != nil {
 		return err
 	}
@@ -740,13 +688,7 @@ func (e *traceEnv) cmdMembers(c *traceCmd, out *strings.Builder) error {
 }
 
 func (e *traceEnv) cmdClock(c *traceCmd, out *strings.Builder) error {
-	if err := c.want(1, 1, "PEER"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 1, 1, "PEER")
 	if err != nil {
 		return err
 	}
@@ -775,13 +717,7 @@ func signed(d time.Duration) string {
 }
 
 func (e *traceEnv) cmdStats(c *traceCmd, out *strings.Builder) error {
-	if err := c.want(1, 1, "PEER"); err != nil {
-		return err
-	}
-	if err := c.only(); err != nil {
-		return err
-	}
-	i, err := e.member(c.args[0])
+	i, err := e.subject(c, 1, 1, "PEER")
 	if err != nil {
 		return err
 	}
