@@ -143,10 +143,13 @@ type Series struct {
 	rule        *RuleSet
 	leasesDirty bool
 	// where the series waits for Collect, and due in which bucket
-	// (expiry.go); where shares leasesDirty's word, so the series stays in
-	// the 80-byte size class (TestSeriesLayout).
+	// (expiry.go); where and charge share leasesDirty's word, so the
+	// series stays in the 80-byte size class (TestSeriesLayout).
 	where uint8
-	due   int64
+	// charge is who made the series (EnsureCharged): 0, this member
+	// itself (a decision, the disk), or a peer's charge (NewCharge).
+	charge uint32
+	due    int64
 	// one holds the series' first window, as Windows' array while it has
 	// room: a key touched in one window (most keys) needs no array of its
 	// own. A second window moves Windows to an array of its own.
@@ -263,7 +266,30 @@ func (r *RuleSet) Ensure(key string) *Series {
 	if s := r.keys.get(key); s != nil {
 		return s
 	}
-	s := &Series{Key: key, rule: r}
+	return r.make(key, 0)
+}
+
+// EnsureCharged is Ensure for a key a peer's entry names: a key it makes
+// is charged to charge (a peer's, from NewCharge) as long as it is held.
+// It makes none, and returns nil, once the keys held on charge's account
+// reach budget: a peer cannot make this member hold more keys than its
+// budget, whatever it invents. A key already held is returned whoever
+// asks.
+func (r *RuleSet) EnsureCharged(key string, charge uint32, budget int) *Series {
+	if s := r.keys.get(key); s != nil {
+		return s
+	}
+	if r.c.charged[charge] >= budget {
+		return nil
+	}
+	return r.make(key, charge)
+}
+
+// make makes the series of key, which the rule does not hold, charged to
+// charge.
+func (r *RuleSet) make(key string, charge uint32) *Series {
+	s := &Series{Key: key, rule: r, charge: charge}
+	r.c.charged[charge]++
 	r.keys.put(s)
 	// A new series may get no window (a lease counter never raised), and
 	// Collect deletes such a one: it looks at every new series that has
@@ -304,12 +330,25 @@ type Container struct {
 	made        uint64 // series made, ever
 	keys        int    // series held over every rule set
 	maxKeys     int    // RuleSet.Full's cap on keys; 0: none
+	// charged counts the series held on each charge's account (0: this
+	// member's own and restored keys; see EnsureCharged).
+	charged []int
 }
 
 // NewContainer returns an empty container.
 func NewContainer() *Container {
-	return &Container{rules: make(map[string]*RuleSet)}
+	return &Container{rules: make(map[string]*RuleSet), charged: []int{0}}
 }
+
+// NewCharge returns a new account to charge the keys a peer makes to
+// (RuleSet.EnsureCharged), holding none.
+func (c *Container) NewCharge() uint32 {
+	c.charged = append(c.charged, 0)
+	return uint32(len(c.charged) - 1)
+}
+
+// Charged returns how many keys are held on charge's account.
+func (c *Container) Charged(charge uint32) int { return c.charged[charge] }
 
 // Rule returns the rule set called name, creating it if needed.
 func (c *Container) Rule(name string) *RuleSet {

@@ -425,3 +425,42 @@ func TestContainerCountsKeysAndWindows(t *testing.T) {
 		t.Error("Full after collection freed the cap")
 	}
 }
+
+// TestEnsureChargedBudget checks a peer's key budget: the keys its entries
+// make are charged to it until they go, a key beyond its budget is not
+// made, a key already held is returned to anyone, and another account is
+// not affected.
+func TestEnsureChargedBudget(t *testing.T) {
+	c := crdt.NewContainer()
+	r := c.Rule("a")
+	liar, honest := c.NewCharge(), c.NewCharge()
+	for _, k := range []string{"x1", "x2"} {
+		if s := r.EnsureCharged(k, liar, 2); s == nil {
+			t.Fatalf("key %s refused within the budget", k)
+		} else {
+			s.EnsureWindow(1000, 1)
+		}
+	}
+	if s := r.EnsureCharged("x3", liar, 2); s != nil {
+		t.Fatal("a third key made on a budget of 2")
+	}
+	r.Ensure("own").EnsureWindow(1000, 1)
+	if s := r.EnsureCharged("own", liar, 2); s == nil || s.Key != "own" {
+		t.Fatalf("a key already held refused to a peer at its budget: %v", s)
+	}
+	if s := r.EnsureCharged("h1", honest, 2); s == nil {
+		t.Fatal("another peer's key refused because of the first one's budget")
+	} else {
+		s.EnsureWindow(60_000, 0)
+	}
+	if got := []int{c.Charged(0), c.Charged(liar), c.Charged(honest), c.Keys()}; !slices.Equal(got, []int{1, 2, 1, 4}) {
+		t.Fatalf("charged (own, liar, honest) and keys %v, want [1 2 1 4]", got)
+	}
+	c.Collect(10_000) // the 1 s windows go, the 60 s one stays
+	if got := []int{c.Charged(0), c.Charged(liar), c.Charged(honest), c.Keys()}; !slices.Equal(got, []int{0, 0, 1, 1}) {
+		t.Fatalf("after collecting: charged and keys %v, want [0 0 1 1]", got)
+	}
+	if s := r.EnsureCharged("x3", liar, 2); s == nil {
+		t.Fatal("a key refused after the peer's keys were collected")
+	}
+}

@@ -285,6 +285,7 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 	case len(kept) == 0 && noLeases && !s.leasesDirty:
 		s.rule.keys.del(s.Key)
 		c.keys--
+		c.charged[s.charge]--
 		s.where = gone
 	case again || (len(kept) == 0 && noLeases):
 		c.expiry.pushLater(s)

@@ -86,6 +86,7 @@ var (
 	descKeyCap   = prometheus.NewDesc("ratemesh_keys_denied_total", "Requests for a new key denied at a rule's max_keys or the node's node.max_keys with every key active (fail closed).", nil, nil)
 	descOffset   = prometheus.NewDesc("ratemesh_clock_offset_seconds", "This node's estimated clock offset to the mesh.", nil, nil)
 	descEntries  = prometheus.NewDesc("ratemesh_entries_dropped_total", "Received counter entries dropped by the node, by reason.", []string{"reason"}, nil)
+	descFuture   = prometheus.NewDesc("ratemesh_entries_future_held_total", "Received counter entries for a window beginning beyond max_skew ahead of mesh time, held and merged once it came within.", nil, nil)
 	descBytes    = prometheus.NewDesc("ratemesh_mesh_bytes_total", "Encoded batch bytes, by direction (sent, received) and channel (gossip, sync).", []string{"direction", "channel"}, nil)
 	descMsgs     = prometheus.NewDesc("ratemesh_mesh_messages_total", "Batches, by direction (sent, received) and channel (gossip, sync).", []string{"direction", "channel"}, nil)
 	descWire     = prometheus.NewDesc("ratemesh_mesh_wire_bytes_total", "Bytes carried by libp2p streams, by direction (in, out).", []string{"direction"}, nil)
@@ -103,7 +104,7 @@ type stateCollector struct{ cfg Config }
 
 // Describe implements prometheus.Collector.
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMembers, descMismatch, descReady, descFenced, descKeys, descWindows, descEvicted, descKeyCap, descOffset, descEntries, descPersist, descHeld, descForwards} {
+	for _, d := range []*prometheus.Desc{descMembers, descMismatch, descReady, descFenced, descKeys, descWindows, descEvicted, descKeyCap, descOffset, descEntries, descFuture, descPersist, descHeld, descForwards} {
 		ch <- d
 	}
 	if c.cfg.Transport != nil {
@@ -154,6 +155,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descOffset, n.Offset().Seconds())
 	counter(descEntries, st.DroppedExpired, "expired")
 	counter(descEntries, st.DroppedFuture, "future")
+	counter(descEntries, st.DroppedKeyBudget, "key_budget")
+	counter(descFuture, st.FutureHeld)
 	counter(descEntries, st.DroppedUnknownRule, "unknown_rule")
 	counter(descEntries, st.DroppedStale, "stale")
 	counter(descEntries, st.RepairsSkipped, "already_merged")

@@ -232,9 +232,14 @@ type CoreConfig struct {
 	// MaxKeys (node.max_keys) caps the keys this member holds over every
 	// rule, its own and those merged from peers: at the cap a decision
 	// for a key it does not hold is denied (limiter.ReasonKeyCap), as at
-	// a rule's MaxKeys. Merges are never refused — that would lose counts
-	// — so the keys held can pass the cap while peers make keys; keys go
-	// when their last window expires. 0 means DefaultMaxKeys.
+	// a rule's MaxKeys. Merges do not stop at the cap — refusing an
+	// honest peer's key would lose its counts — so the keys held can pass
+	// it while peers make keys; keys go when their last window expires.
+	// But no peer may make more than its key budget here (keyBudget:
+	// MaxKeys plus a quarter, at least 1024 more), which an honest peer
+	// never reaches, since it stops making keys of its own at its cap: a
+	// member that invents keys cannot grow this one's memory beyond that.
+	// 0 means DefaultMaxKeys.
 	MaxKeys int
 	// LocalClock opens and counts windows on the member's own clock, with
 	// no offset correction: mesh time (docs/design.md, "Mesh time") off.
@@ -249,6 +254,12 @@ type CoreConfig struct {
 // many keys, each touched once, takes about 1.8 GiB of memory
 // (docs/performance.md, "A key budget"), half of what ten million take.
 const DefaultMaxKeys = 5_000_000
+
+// keyBudget returns the most keys one peer's entries may make at a member
+// whose cap is maxKeys (CoreConfig.MaxKeys): the cap, and a quarter more
+// (at least 1024) for the keys an honest peer makes while the counts
+// that would stop it are on their way.
+func keyBudget(maxKeys int) int { return maxKeys + max(maxKeys/4, 1024) }
 
 // DefaultCoreConfig returns the defaults of the config file
 // (docs/operations.md, "Config file"): DefaultMeshConfig's, and the join

@@ -62,6 +62,12 @@ type Ready struct {
 	// Stale, when not nil, reports that this member's view turned stale
 	// or fresh again since the last Tick (see Core.Stale).
 	Stale *StaleChange
+	// KeyBudget lists the peers whose entries reached their key budget
+	// here (CoreConfig.MaxKeys), each at most once a minute while it
+	// stays there: their entries for keys this member does not hold are
+	// dropped until some of theirs expire. An honest peer never gets
+	// here; log it loudly.
+	KeyBudget []KeyBudgetChange
 	// NextTick is when Tick next has timed work to do, as of the last
 	// Tick; zero when no Tick ran since the last Ready. Tick at least
 	// every SyncInterval all the same.
@@ -83,6 +89,13 @@ type FenceChange struct {
 	Alive, Live int
 }
 
+// KeyBudgetChange is a peer that reached its key budget (Ready.KeyBudget):
+// Keys are held on its account, Budget is the most it may make.
+type KeyBudgetChange struct {
+	Peer         string
+	Keys, Budget int
+}
+
 // SkewChange is a change of the clock skew (Ready.Skew): Exceeded tells
 // whether the estimated offset to the mesh, Offset, is beyond max_skew.
 type SkewChange struct {
@@ -101,6 +114,13 @@ type Stats struct {
 	// far ahead, for a rule this member does not have, or from a stale
 	// incarnation's lease slot.
 	DroppedExpired, DroppedFuture, DroppedUnknownRule, DroppedStale uint64
+	// DroppedKeyBudget counts entries for keys this member did not hold
+	// from a peer at its key budget (Ready.KeyBudget).
+	DroppedKeyBudget uint64
+	// FutureHeld counts entries for a window beginning beyond max_skew
+	// ahead of mesh time, held and merged once it comes within
+	// (future.go); DroppedFuture those beyond what is held.
+	FutureHeld uint64
 	// RelayLowering counts relayed lease entries whose released count
 	// was above this member's and was not taken: only a slot's author
 	// lowers its live leases (Core.relayedLease).
@@ -194,10 +214,18 @@ type Core struct {
 	// keys due left, so every Tick collects until it catches up.
 	collectBehind bool
 	madeAtTick    uint64 // the container's Made at the last Tick
-	newInc        uint64 // an incarnation taken since the last Tick
-	ready         Ready  // the outputs not handed over yet (Ready)
-	closed        bool
-	stats         Stats
+	// keyBudget is the most keys one peer's entries may make here
+	// (keyBudget); atKeyBudget the peers at it, reported or to report,
+	// and budgetReported when each peer was last reported.
+	keyBudget      int
+	atKeyBudget    []*member
+	budgetReported map[*member]time.Time
+	// future holds entries for windows ahead of max_skew (future.go).
+	future futureHold
+	newInc uint64 // an incarnation taken since the last Tick
+	ready  Ready  // the outputs not handed over yet (Ready)
+	closed bool
+	stats  Stats
 }
 
 // NewCore returns a core for cfg that starts at now. Every rule is
@@ -220,6 +248,7 @@ func NewCore(cfg CoreConfig, now time.Time) (*Core, error) {
 		nextCollect: now,
 	}
 	c.c.SetMaxKeys(cmp.Or(cfg.MaxKeys, DefaultMaxKeys))
+	c.keyBudget = keyBudget(c.c.MaxKeys())
 	c.recount() // alone: n 1, rank 0, scale 1
 	c.selfID = c.intern(c.self, nil)
 	c.seedKnown(now, cfg.Known)
@@ -264,7 +293,7 @@ func (c *Core) HasReady() bool {
 	rd := &c.ready
 	return len(rd.Messages) > 0 || len(rd.Direct) > 0 || len(rd.Changes) > 0 ||
 		rd.NewIncarnation != 0 || rd.Joined || rd.JoinTimedOut || rd.Fence != nil || rd.Skew != nil ||
-		rd.Stale != nil || !rd.NextTick.IsZero()
+		rd.Stale != nil || len(rd.KeyBudget) > 0 || !rd.NextTick.IsZero()
 }
 
 // Ready hands over every output gathered since the last Ready, and forgets
@@ -349,7 +378,7 @@ func (c *Core) StepReceived(now, received time.Time, b *crdt.Batch) error {
 	case b.From.Incarnation < m.inc:
 		// A late batch of a replaced incarnation: its window counts are
 		// still real usage; its leases and membership are not.
-		c.mergeEntries(now, b, false, nil)
+		c.mergeEntries(now, b, false, nil, m)
 		return nil
 	case b.From.Incarnation > m.inc:
 		// A restart: the new incarnation replaces the old one at once; the
@@ -372,7 +401,7 @@ func (c *Core) StepReceived(now, received time.Time, b *crdt.Batch) error {
 		// of the eviction from our batches, which announce it as long as
 		// it is heard).
 		c.members.reannounce(crdt.Slot{Peer: m.peer, Incarnation: m.inc}, now)
-		c.mergeEntries(now, b, false, nil)
+		c.mergeEntries(now, b, false, nil, m)
 		c.noteEvicted(now, m, b)
 		return nil
 	}
@@ -407,7 +436,7 @@ func (c *Core) StepReceived(now, received time.Time, b *crdt.Batch) error {
 	if full {
 		c.learnMembers(m.peer, b.Members)
 	}
-	if c.mergeEntries(now, b, true, m) > 0 || len(b.Windows)+len(b.Leases) > 0 {
+	if c.mergeEntries(now, b, true, m, m) > 0 || len(b.Windows)+len(b.Leases) > 0 {
 		c.out.needAck = true
 	}
 	if full && b.Has(crdt.FlagLast) && b.Has(crdt.FlagRelay) {
@@ -448,8 +477,10 @@ func (c *Core) reincarnate(now time.Time) {
 // value. Lease entries are merged only when leases is true. from, when not
 // nil, is the sender's member, current with the batch's incarnation: its
 // slot is the one the sender's own entries resolve to, and entries tagged
-// as repairs of its batches that we merged are skipped (crdt.Repair).
-func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *member) int {
+// as repairs of its batches that we merged are skipped (crdt.Repair). by
+// is the sender, current or not: the keys its entries make are charged to
+// it (keyBudget).
+func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from, by *member) int {
 	nowMs := c.MeshMs(now)
 	skewMs := c.cfg.MaxSkew.Milliseconds()
 	raised := 0
@@ -505,20 +536,28 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 			whole = false
 			continue
 		}
-		switch {
-		case nowMs >= (e.Window+2)*e.WindowMs:
+		if nowMs >= (e.Window+2)*e.WindowMs {
 			c.stats.DroppedExpired++
-			continue
-		case e.Window*e.WindowMs > nowMs+skewMs:
-			c.stats.DroppedFuture++
-			whole = false
 			continue
 		}
 		id := c.slotOf(b, e.Slot, &sc)
 		if id == c.selfID {
 			continue // our own values come only from us
 		}
-		w := set.Ensure(e.Key).EnsureWindow(e.WindowMs, e.Window)
+		if e.Window*e.WindowMs > nowMs+skewMs {
+			if !c.holdFuture(nowMs, e, id, by) {
+				c.stats.DroppedFuture++
+				whole = false
+			}
+			continue
+		}
+		se := set.EnsureCharged(e.Key, c.chargeOf(by), c.keyBudget)
+		if se == nil {
+			c.overKeyBudget(by)
+			whole = false
+			continue
+		}
+		w := se.EnsureWindow(e.WindowMs, e.Window)
 		if c.deferring {
 			c.deferred = append(c.deferred, deferredRaise{w: w, id: id, adm: e.Admitted, att: e.Attempted})
 			continue
@@ -547,7 +586,12 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from *mem
 		if id == c.selfID {
 			continue
 		}
-		ls := l.Set().Ensure(e.Key).EnsureLeases()
+		se := l.Set().EnsureCharged(e.Key, c.chargeOf(by), c.keyBudget)
+		if se == nil {
+			c.overKeyBudget(by)
+			continue
+		}
+		ls := se.EnsureLeases()
 		acq, rel := e.Acquired, e.Released
 		if id != c.slotOf(b, 0, &sc) {
 			acq, rel = c.relayedLease(&ls.PNCounter, id, acq, rel)
@@ -616,6 +660,7 @@ func (c *Core) Tick(now time.Time) {
 	c.updateMembers(now)
 	c.noteFence(now)
 	c.clock.tick(now, c.members.order)
+	c.mergeFuture(c.MeshMs(now))
 	c.out.acked(ackFrontier(c.members.order), c.MeshMs(now))
 	c.restale(now)
 	c.expireLeases(now)
@@ -666,6 +711,7 @@ func (c *Core) Tick(now time.Time) {
 	if st := c.staleChange(); st != nil {
 		rd.Stale = st
 	}
+	rd.KeyBudget = c.keyBudgetChanges(now, rd.KeyBudget)
 	rd.NextTick = c.out.nextSync
 }
 

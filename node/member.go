@@ -89,6 +89,11 @@ type member struct {
 	// members it decided without before the fence from those whose
 	// silence fenced it.
 	suspectServing bool
+	// atKeyBudget: at its key budget (Core.overKeyBudget); charge is the
+	// account the keys its entries make here are charged to
+	// (crdt.RuleSet.EnsureCharged; 0 until it makes one).
+	atKeyBudget bool
+	charge      uint32
 
 	inStream
 	peerClock

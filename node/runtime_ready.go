@@ -71,6 +71,10 @@ func (n *Node) handle(ctx context.Context, now time.Time, rd Ready) (time.Durati
 			n.log.Warn("view fresh again: the members acknowledge this node's batches", "members", st.Live)
 		}
 	}
+	for _, kb := range rd.KeyBudget {
+		n.log.Error("peer reached its key budget: its entries for keys this node does not hold are dropped; an honest member never gets here (node.max_keys)",
+			"peer", kb.Peer, "keys", kb.Keys, "key_budget", kb.Budget)
+	}
 	if sk := rd.Skew; sk != nil {
 		if sk.Exceeded {
 			n.log.Error("clock offset to the mesh beyond max_skew; fix this host's clock", "offset", sk.Offset, "max_skew", n.cfg.MaxSkew)

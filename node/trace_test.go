@@ -87,7 +87,8 @@ import (
 //	                       member's clock
 //	stats P                P's nack counters
 //	dropped P              the entries P dropped: window already collected,
-//	                       window beyond max_skew ahead, unknown rule
+//	                       window beyond max_skew ahead (and how many such
+//	                       entries it held for later instead), unknown rule
 //
 // The rule option defaults to the first rule of the kind the command
 // needs (windowed for allow and windows, concurrency for acquire, any for
@@ -723,7 +724,7 @@ func (e *traceEnv) cmdStats(c *traceCmd, out *strings.Builder) error {
 	}
 	st := e.net.Core(i).Stats()
 	if c.name == "dropped" {
-		fmt.Fprintf(out, "collected %d, beyond max_skew %d, unknown rule %d", st.DroppedExpired, st.DroppedFuture, st.DroppedUnknownRule)
+		fmt.Fprintf(out, "collected %d, beyond max_skew %d (held %d), unknown rule %d", st.DroppedExpired, st.DroppedFuture, st.FutureHeld, st.DroppedUnknownRule)
 		return nil
 	}
 	fmt.Fprintf(out, "nacks sent %d, received %d, repairs skipped %d", st.NacksSent, st.NacksReceived, st.RepairsSkipped)

@@ -9,6 +9,7 @@ import (
 	"github.com/ratemesh/ratemesh/crdt"
 	"github.com/ratemesh/ratemesh/limiter"
 	"github.com/ratemesh/ratemesh/node"
+	"github.com/ratemesh/ratemesh/node/nodetest"
 )
 
 // inventedTable returns a full state of from's listing 1024 invented
@@ -355,5 +356,134 @@ func TestCoreRestartOnMinoritySideFences(t *testing.T) {
 				t.Errorf("member 0 admitted %d of 10 after the heal", got)
 			}
 		})
+	}
+}
+
+// TestCoreKeyBudget: a member whose node.max_keys is far above the others'
+// (or that invents keys) makes 5000 keys while the others' cap is 100.
+// Each of them holds at most its key budget of them (keyBudget: 100 +
+// 1024), counts the rest as dropped, and reports the peer once; the keys
+// of an honest member and keys already held still merge, so a key held
+// before the flood keeps its limit exactly across the mesh. Before, every
+// member held all 5000 keys: a peer could grow another's memory without
+// bound and fill its cap.
+func TestCoreKeyBudget(t *testing.T) {
+	const (
+		seed     = 83
+		maxKeys  = 100
+		budget   = maxKeys + 1024
+		invented = 5000
+	)
+	reportSeed(t, seed)
+	rules := apiRule(limiter.FixedWindow, 10)
+	rules[0].Window = time.Minute // nothing expires during the test
+	net := nodetest.New(seed, t0)
+	for i := range 3 {
+		net.Add(newCore(t, fmt.Sprintf("n%02d", i), t0, rules, func(c *node.CoreConfig) {
+			c.MaxKeys = maxKeys
+			if i == 2 {
+				c.MaxKeys = 1_000_000
+			}
+		}))
+	}
+	var reported []node.KeyBudgetChange
+	net.OnReady = func(i int, _ time.Time, rd node.Ready) {
+		if i == 0 {
+			reported = append(reported, rd.KeyBudget...)
+		}
+	}
+	// spend asks each member in turn for one request of key, rounds
+	// times, and returns how many were admitted.
+	spend := func(key string, rounds int) int {
+		got := 0
+		for range rounds {
+			for i := range 3 {
+				got += allowN(t, net, i, "api", key, 1)
+				run(t, net, 50*time.Millisecond, nil)
+			}
+		}
+		return got
+	}
+	run(t, net, time.Second, nil)
+	if got := spend("held", 1); got != 3 {
+		t.Fatalf("admitted %d of 3 before the flood", got)
+	}
+	liar := net.Core(2)
+	for i := range invented {
+		if got := allowN(t, net, 2, "api", fmt.Sprintf("invented-%04d", i), 1); got != 1 {
+			t.Fatalf("the liar's key %d denied", i)
+		}
+		if i%100 == 99 {
+			run(t, net, 20*time.Millisecond, nil)
+		}
+	}
+	run(t, net, time.Second, nil)
+	c := net.Core(0)
+	if got := c.Container().Keys(); got > budget+1 {
+		t.Errorf("member 0 holds %d keys, want at most the liar's budget %d and the key held before", got, budget+1)
+	}
+	if got, want := c.Stats().DroppedKeyBudget, uint64(invented-budget); got < want {
+		t.Errorf("DroppedKeyBudget = %d, want at least %d", got, want)
+	}
+	if len(reported) != 1 || reported[0].Peer != liar.Self().Peer || reported[0].Keys != budget || reported[0].Budget != budget {
+		t.Errorf("reported %+v, want the liar once at %d of %d keys", reported, budget, budget)
+	}
+	// Keys already held merge from anyone, the liar included: the key
+	// held before the flood is exact across the three members.
+	if got := spend("held", 10); got != 7 {
+		t.Errorf("after the flood the held key admitted %d more, want exactly 7 (limit 10, 3 used)", got)
+	}
+	// The cost the design accepts: the liar's keys count toward the
+	// others' own cap, so a key new to them is denied key_cap, as a
+	// liar can deny any key by inflating its count.
+	d, err := c.Allow(net.Local(0), "api", "new", limiter.Request{})
+	if err != nil || d.Allowed || d.Reason != limiter.ReasonKeyCap {
+		t.Errorf("a new key at a member the liar filled: %+v, %v; want denied key_cap", d, err)
+	}
+}
+
+// TestCoreHoldsFutureEntriesBounded: entries for a window beyond max_skew
+// ahead are held and merged once it comes within, up to maxFutureHeld
+// (4096) per sender and a minute past max_skew; a member that lies about
+// windows ahead costs no more. A later entry of a held slot raises it in
+// place rather than taking room.
+func TestCoreHoldsFutureEntriesBounded(t *testing.T) {
+	rules := apiRule(limiter.FixedWindow, 1_000_000)
+	c := newCore(t, "n00", t0, rules, nil)
+	from := crdt.Slot{Peer: "liar", Incarnation: 1}
+	nowMs := c.MeshMs(t0)
+	ahead := nowMs/1000 + 10 // a window 10 s ahead
+	b := &crdt.Batch{Version: crdt.Version, From: from, Seq: 1, Sent: nowMs, Clock: nowMs, RulesHash: c.RulesHash()}
+	for i := range 5000 {
+		b.Windows = append(b.Windows, crdt.WindowEntry{Rule: "api", Key: fmt.Sprintf("k%04d", i), WindowMs: 1000, Window: ahead, Admitted: 1, Attempted: 1})
+	}
+	b.Windows = append(b.Windows, crdt.WindowEntry{Rule: "api", Key: "far", WindowMs: 1000, Window: nowMs/1000 + 120, Admitted: 1, Attempted: 1})
+	if err := c.Step(t0, b); err != nil {
+		t.Fatal(err)
+	}
+	// The same slots again, raised: held in place.
+	b2 := &crdt.Batch{Version: crdt.Version, From: from, Seq: 2, Sent: nowMs + 20, Clock: nowMs + 20, RulesHash: c.RulesHash()}
+	b2.Windows = append(b2.Windows, crdt.WindowEntry{Rule: "api", Key: "k0000", WindowMs: 1000, Window: ahead, Admitted: 3, Attempted: 4})
+	if err := c.Step(t0.Add(20*time.Millisecond), b2); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	if st.FutureHeld != 4096 || st.DroppedFuture != 5000-4096+1 {
+		t.Fatalf("held %d, dropped %d; want 4096 held and %d dropped", st.FutureHeld, st.DroppedFuture, 5000-4096+1)
+	}
+	if got := c.Container().Keys(); got != 0 {
+		t.Fatalf("%d keys made before their window came near, want 0", got)
+	}
+	// Tick until the window is within max_skew (500 ms): all 4096 merge.
+	for at := t0; at.Before(t0.Add(10 * time.Second)); at = at.Add(20 * time.Millisecond) {
+		c.Tick(at)
+		c.Ready()
+	}
+	if got := c.Container().Keys(); got != 4096 {
+		t.Fatalf("%d keys after the window came near, want 4096", got)
+	}
+	u, err := c.UsageOfWindow(t0.Add(10*time.Second), "api", "k0000", ahead)
+	if err != nil || u.Total != 3 {
+		t.Errorf("the raised held entry counts %d admitted, want 3 (%+v, %v)", u.Total, u, err)
 	}
 }
