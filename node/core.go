@@ -62,6 +62,10 @@ type Ready struct {
 	// Stale, when not nil, reports that this member's view turned stale
 	// or fresh again since the last Tick (see Core.Stale).
 	Stale *StaleChange
+	// Persist, when not nil, is what changed since the last Persist of
+	// the attached Persister (Core.Persist): write it to the Store, then
+	// report how that went with Core.Persisted.
+	Persist *Flush
 	// KeyBudget lists the peers whose entries reached their key budget
 	// here (CoreConfig.MaxKeys), each at most once a minute while it
 	// stays there: their entries for keys this member does not hold are
@@ -203,9 +207,11 @@ type Core struct {
 	// struct, which the compiler cannot keep in registers).
 	envBase limiter.Env
 
+	// persister is the attached Persister, nil without one, and
 	// persistDirty holds the windows of at least persistMinMs whose
-	// values may have grown since the attached Persister's last export;
-	// nil without a Persister (see notePersist).
+	// values may have grown since its last export; nil without a
+	// Persister (see notePersist).
+	persister    *Persister
 	persistDirty map[*crdt.Window]struct{}
 	persistMinMs int64
 
@@ -293,7 +299,7 @@ func (c *Core) HasReady() bool {
 	rd := &c.ready
 	return len(rd.Messages) > 0 || len(rd.Direct) > 0 || len(rd.Changes) > 0 ||
 		rd.NewIncarnation != 0 || rd.Joined || rd.JoinTimedOut || rd.Fence != nil || rd.Skew != nil ||
-		rd.Stale != nil || len(rd.KeyBudget) > 0 || !rd.NextTick.IsZero()
+		rd.Stale != nil || rd.Persist != nil || len(rd.KeyBudget) > 0 || !rd.NextTick.IsZero()
 }
 
 // Ready hands over every output gathered since the last Ready, and forgets

@@ -26,6 +26,8 @@
 //			core.AntiEntropy(time.Now(), peer)
 //		case <-ticker.C: // at least every SyncInterval (Ready.NextTick)
 //			core.Tick(time.Now())
+//		case <-flushTicker.C: // with a Persister attached (NewPersister)
+//			core.Persist(time.Now())
 //		case req := <-requests:
 //			d, err := core.Allow(time.Now(), req.Rule, req.Key, req.Request)
 //			…
@@ -44,11 +46,17 @@
 //				transport.SendDirect(ctx, p, d.Batches)
 //			}
 //		}
-//		… // rd.Changes, rd.NewIncarnation, rd.Joined, rd.Fence, rd.Skew, rd.Stale, rd.NextTick
+//		if rd.Persist != nil {
+//			err := store.Flush(ctx, *rd.Persist)
+//			core.Persisted(rd.Persist, err)
+//		}
+//		… // rd.Changes, rd.NewIncarnation, rd.Joined, rd.Fence, rd.Skew, rd.Stale, rd.KeyBudget, rd.NextTick
 //	}
 //
-// Nothing needs acknowledging once handled: the core forgets a Ready as it
-// hands it over, so unlike raft there is no Advance.
+// The core forgets a Ready as it hands it over, so unlike raft there is no
+// Advance; the one output whose outcome the core needs, a Flush for the
+// Store (Persist, with a Persister attached), is answered by Persisted,
+// raft's Advance for that one field.
 //
 // The core's state is split by concern, each part a type with its
 // invariants in a file of its own: membership.go (the member table, and

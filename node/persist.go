@@ -9,10 +9,11 @@ import (
 )
 
 // Persister decides what of a Core survives a restart: it restores the
-// saved state into a fresh core at start, and on every flush exports what
-// changed since the last one as a Flush for a Store. Like the core it is
-// pure: it reads no clock and performs no I/O; the caller passes the time
-// and writes the Flush.
+// saved state into a fresh core at start, and on every flush (Core.Persist)
+// exports what changed since the last one as a Flush for a Store, which
+// the core hands over in its Ready (Ready.Persist); Core.Persisted takes
+// the outcome of writing it. Like the core it is pure: it reads no clock
+// and performs no I/O; the caller passes the time and writes the Flush.
 //
 // What it persists: the merged state (every slot's admitted and attempted
 // credits) of the windows of rules whose window is at least MinWindow, and
@@ -90,9 +91,40 @@ func NewPersister(c *Core, minWindow time.Duration) *Persister {
 		rulesHash:   c.rulesHash,
 		walk:        true, // the core may hold windows changed before
 	}
+	c.persister = p
 	c.persistDirty = make(map[*crdt.Window]struct{})
 	c.persistMinMs = p.minWindowMs
 	return p
+}
+
+// Persist exports, with the attached Persister, what changed since the
+// last Persist at now: the Flush goes out in the Ready (Ready.Persist),
+// and its owner reports the outcome of writing it with Persisted before
+// the next Persist. A Flush not taken yet takes the new one in. Without a
+// Persister it does nothing.
+func (c *Core) Persist(now time.Time) {
+	if c.persister == nil {
+		return
+	}
+	f := c.persister.export(now)
+	if old := c.ready.Persist; old != nil {
+		old.Windows = gather(old.Windows, f.Windows)
+		old.Leases = gather(old.Leases, f.Leases)
+		old.Released = gather(old.Released, f.Released)
+		old.CollectBeforeMs = f.CollectBeforeMs
+		return
+	}
+	c.ready.Persist = &f
+}
+
+// Persisted records the outcome of writing f, the last Ready.Persist, to
+// the Store: after a failure the next Persist carries everything again (a
+// store merges by max, so writing a value twice is harmless), and the
+// releases f did not write.
+func (c *Core) Persisted(f *Flush, err error) {
+	if c.persister != nil {
+		c.persister.done(f, err)
+	}
 }
 
 // notePersist records that the merged values of w may have grown, for the
@@ -205,16 +237,16 @@ func (p *Persister) persisted(w *crdt.Window, nowMs int64) bool {
 	return rs.Series(s.Key) == s && slices.Contains(s.Windows, w)
 }
 
-// Export returns what changed since the last export at now: the records of
+// export returns what changed since the last export at now: the records of
 // every persisted window whose merged values grew (all its slots), the
 // leases acquired or renewed, the leases released or expired, and the mesh
 // time before which the store may collect.
 //
 // It looks at the windows the core recorded as changed since the last
 // export, and costs a record per slot of each window that grew. The first
-// export, the one after a failed write (see Done) and the one after the
+// export, the one after a failed write (see done) and the one after the
 // rules changed walk every persisted window instead.
-func (p *Persister) Export(now time.Time) Flush {
+func (p *Persister) export(now time.Time) Flush {
 	c := p.c
 	nowMs := c.MeshMs(now)
 	f := Flush{CollectBeforeMs: nowMs}
@@ -244,7 +276,7 @@ func (p *Persister) Export(now time.Time) Flush {
 // visited.
 func (p *Persister) walkAll(nowMs int64, f *Flush, all bool) {
 	p.gen++
-	p.eachWindow(nowMs, func(w *crdt.Window) { p.export(w, f, all) })
+	p.eachWindow(nowMs, func(w *crdt.Window) { p.record(w, f, all) })
 	clear(p.expiring)
 	for w, m := range p.seen {
 		if m.gen != p.gen {
@@ -275,19 +307,19 @@ func (p *Persister) exportChanged(nowMs int64, f *Flush) {
 	}
 }
 
-// exportNew is export for a window found changed, indexing it by expiry
+// exportNew is record for a window found changed, indexing it by expiry
 // when it is new to seen.
 func (p *Persister) exportNew(w *crdt.Window, f *Flush) {
-	if p.export(w, f, false) {
+	if p.record(w, f, false) {
 		at := expiresAt(w)
 		p.expiring[at] = append(p.expiring[at], w)
 	}
 }
 
-// export records w's values in seen and, when they grew since seen or all
+// record records w's values in seen and, when they grew since seen or all
 // is true, appends w's records (one per slot) to f unless f is nil. It
 // reports whether w was new to seen.
-func (p *Persister) export(w *crdt.Window, f *Flush, all bool) (added bool) {
+func (p *Persister) record(w *crdt.Window, f *Flush, all bool) (added bool) {
 	m := winMark{w.Admitted.Value(), w.Attempted.Value(), p.gen}
 	old, ok := p.seen[w]
 	p.seen[w] = m
@@ -329,10 +361,8 @@ func (p *Persister) forgetExpired(nowMs int64) {
 	}
 }
 
-// Done records the outcome of writing f, the last Export. After a failure
-// the next Export carries everything again (a store merges by max, so
-// writing a value twice is harmless), and the releases f did not write.
-func (p *Persister) Done(f *Flush, err error) {
+// done records the outcome of writing f, the last export (Core.Persisted).
+func (p *Persister) done(f *Flush, err error) {
 	if err != nil {
 		p.c.stats.PersistErrors++
 		p.full = true

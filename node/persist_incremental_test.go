@@ -43,11 +43,11 @@ func TestPersisterExportsOnlyChanged(t *testing.T) {
 		mustAllow(t, c, now, "hour", pkey(i), 1)
 	}
 	exchange(t, b, a, now)
-	f := pa.Export(now)
+	f := persistOf(a, now)
 	if len(f.Windows) != n {
 		t.Fatalf("first export: %d records, want %d", len(f.Windows), n)
 	}
-	pa.Done(&f, nil)
+	a.Persisted(&f, nil)
 	if seen, indexed := node.PersisterTracked(pa); seen != n || indexed != n {
 		t.Errorf("tracked %d windows (%d indexed), want %d", seen, indexed, n)
 	}
@@ -60,7 +60,7 @@ func TestPersisterExportsOnlyChanged(t *testing.T) {
 	mustAllow(t, b, t1, "hour", pkey(25), 1)
 	mustAllow(t, b, t1, "hour", pkey(31), 3)
 	exchange(t, b, a, t1)
-	got := exportedKeys(pa.Export(t1))
+	got := exportedKeys(persistOf(a, t1))
 	want := []string{"hour/k03/a 3/3", "hour/k07/a 2/2", "hour/k25/b 2/2", "hour/k31/b 4/4"}
 	if !slices.Equal(got, want) {
 		t.Errorf("export after 4 changes = %q, want %q", got, want)
@@ -74,7 +74,7 @@ func TestPersisterExportsOnlyChanged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if f := pa.Export(t2); !f.Empty() {
+	if f := persistOf(a, t2); !f.Empty() {
 		t.Errorf("export after merges that raised nothing = %q, want none", exportedKeys(f))
 	}
 	if seen, indexed := node.PersisterTracked(pa); seen != n || indexed != n {
@@ -94,11 +94,11 @@ func TestPersisterForgetsEndedWindows(t *testing.T) {
 		mustAllow(t, a, now, "hour", pkey(i), 1)
 		mustAllow(t, a, now, "min", pkey(i), 1)
 	}
-	f := pa.Export(now)
+	f := persistOf(a, now)
 	if len(f.Windows) != 2*n {
 		t.Fatalf("first export: %d records, want %d", len(f.Windows), 2*n)
 	}
-	pa.Done(&f, nil)
+	a.Persisted(&f, nil)
 
 	// The 2-minute windows of minute 10 end (with the next one) at minute
 	// 14: they are forgotten then, not before.
@@ -106,7 +106,7 @@ func TestPersisterForgetsEndedWindows(t *testing.T) {
 		at   time.Time
 		want int
 	}{{t0.Add(14*time.Minute - time.Millisecond), 2 * n}, {t0.Add(14 * time.Minute), n}} {
-		if f := pa.Export(tc.at); !f.Empty() {
+		if f := persistOf(a, tc.at); !f.Empty() {
 			t.Errorf("export at %v without changes = %q", tc.at, exportedKeys(f))
 		}
 		if seen, indexed := node.PersisterTracked(pa); seen != tc.want || indexed != tc.want {
@@ -117,7 +117,7 @@ func TestPersisterForgetsEndedWindows(t *testing.T) {
 	mustAllow(t, a, t1, "hour", pkey(0), 1)
 	mustAllow(t, a, t1, "min", pkey(0), 1)
 	want := []string{"hour/k00/a 2/2", "min/k00/a 1/1"}
-	if got := exportedKeys(pa.Export(t1)); !slices.Equal(got, want) {
+	if got := exportedKeys(persistOf(a, t1)); !slices.Equal(got, want) {
 		t.Errorf("export at +5 min = %q, want %q", got, want)
 	}
 	if seen, indexed := node.PersisterTracked(pa); seen != n+1 || indexed != n+1 {
@@ -128,13 +128,13 @@ func TestPersisterForgetsEndedWindows(t *testing.T) {
 	t2 := now.Add(3 * time.Hour)
 	mustAllow(t, a, t2, "hour", pkey(5), 1)
 	want = []string{"hour/k05/a 1/1"}
-	if got := exportedKeys(pa.Export(t2)); !slices.Equal(got, want) {
+	if got := exportedKeys(persistOf(a, t2)); !slices.Equal(got, want) {
 		t.Errorf("export at +3 h = %q, want %q", got, want)
 	}
 	if seen, indexed := node.PersisterTracked(pa); seen != 1 || indexed != 1 {
 		t.Errorf("tracked %d windows (%d indexed) at +3 h, want 1", seen, indexed)
 	}
-	if f := pa.Export(t2.Add(3 * time.Hour)); !f.Empty() {
+	if f := persistOf(a, t2.Add(3 * time.Hour)); !f.Empty() {
 		t.Errorf("export with every window ended = %q", exportedKeys(f))
 	}
 	if seen, indexed := node.PersisterTracked(pa); seen != 0 || indexed != 0 {
@@ -148,35 +148,35 @@ func TestPersisterFailedFlushExportsAll(t *testing.T) {
 	now := t0.Add(10 * time.Minute)
 	a := newCore(t, "a", now, persistRules(), nil)
 	b := newCore(t, "b", now, persistRules(), nil)
-	pa := node.NewPersister(a, time.Minute)
+	node.NewPersister(a, time.Minute)
 	const n = 12
 	for i := range n {
 		mustAllow(t, a, now, "hour", pkey(i), 1)
 		mustAllow(t, b, now, "hour", pkey(i), 2)
 	}
 	exchange(t, b, a, now)
-	f := pa.Export(now)
+	f := persistOf(a, now)
 	all := exportedKeys(f)
 	if len(all) != 2*n {
 		t.Fatalf("first export: %d records, want %d (two slots of %d windows)", len(all), 2*n, n)
 	}
-	pa.Done(&f, nil)
+	a.Persisted(&f, nil)
 
 	t1 := now.Add(time.Second)
 	mustAllow(t, a, t1, "hour", pkey(4), 1)
-	f = pa.Export(t1)
+	f = persistOf(a, t1)
 	if got, want := exportedKeys(f), []string{"hour/k04/a 2/2", "hour/k04/b 2/2"}; !slices.Equal(got, want) {
 		t.Fatalf("export after one change = %q, want %q", got, want)
 	}
-	pa.Done(&f, errors.New("disk full"))
+	a.Persisted(&f, errors.New("disk full"))
 	t2 := t1.Add(time.Second)
-	f = pa.Export(t2)
+	f = persistOf(a, t2)
 	all[slices.Index(all, "hour/k04/a 1/1")] = "hour/k04/a 2/2"
 	if got := exportedKeys(f); !slices.Equal(got, all) {
 		t.Errorf("export after a failed write = %q, want every window %q", got, all)
 	}
-	pa.Done(&f, nil)
-	if f := pa.Export(t2.Add(time.Second)); !f.Empty() {
+	a.Persisted(&f, nil)
+	if f := persistOf(a, t2.Add(time.Second)); !f.Empty() {
 		t.Errorf("export after the retry succeeded = %q, want none", exportedKeys(f))
 	}
 }
@@ -225,7 +225,8 @@ func comparePersisters(t *testing.T, seed uint64, rulesA, rulesB []limiter.Rule,
 	for range 20 {
 		mustAllow(t, a0, now, []string{"hour", "min"}[rng.IntN(2)], pkey(rng.IntN(12)), 1)
 	}
-	saved := node.NewPersister(a0, time.Minute).Export(now)
+	node.NewPersister(a0, time.Minute)
+	saved := persistOf(a0, now)
 	now = now.Add(time.Duration(rng.IntN(5000)) * time.Millisecond)
 	// Under the available policy: time jumps make members silent, and a
 	// strict minority would fence itself and admit nothing to export.
@@ -275,7 +276,7 @@ func comparePersisters(t *testing.T, seed uint64, rulesA, rulesB []limiter.Rule,
 			}
 		case r < 70:
 			if pending == nil {
-				f, rf := p.Export(now), ref.Export(now)
+				f, rf := persistOf(a, now), ref.Export(now)
 				exports++
 				if len(f.Windows) > 0 {
 					nonEmpty++
@@ -294,7 +295,7 @@ func comparePersisters(t *testing.T, seed uint64, rulesA, rulesB []limiter.Rule,
 				if rng.IntN(5) == 0 {
 					err = errors.New("disk full")
 				}
-				p.Done(pending, err)
+				a.Persisted(pending, err)
 				ref.Done(refPending, err)
 				pending, refPending = nil, nil
 			}
@@ -328,16 +329,16 @@ func TestPersisterSkipsCollectedWindows(t *testing.T) {
 	now := t0.Add(10 * time.Minute)
 	rules := append(persistRules(), limiter.Rule{Name: "min", Algorithm: limiter.FixedWindow, Limit: 10, Window: 2 * time.Minute})
 	a := newCore(t, "a", now, rules, nil)
-	pa := node.NewPersister(a, time.Minute)
+	node.NewPersister(a, time.Minute)
 	ref := node.NewRefPersister(a, time.Minute)
-	pa.Export(now)
+	persistOf(a, now)
 	ref.Export(now)
 	t1 := now.Add(time.Minute)
 	mustAllow(t, a, t1, "min", pkey(1), 1)
 	mustAllow(t, a, t1, "hour", pkey(1), 1)
 	tick(a, t1)                    // gossip takes both changes
 	tick(a, t1.Add(4*time.Minute)) // the 2-minute window is collected
-	f, rf := pa.Export(t1), ref.Export(t1)
+	f, rf := persistOf(a, t1), ref.Export(t1)
 	want := []string{"hour/k01/a 1/1"}
 	if got, ref := exportedKeys(f), exportedKeys(rf); !slices.Equal(got, want) || !slices.Equal(ref, want) {
 		t.Errorf("export of a collected window's change = %q (the walk: %q), want %q", got, ref, want)

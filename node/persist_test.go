@@ -45,13 +45,13 @@ func TestPersisterExportRestore(t *testing.T) {
 	now := t0.Add(10 * time.Minute)
 	a := newCore(t, "a", now, persistRules(), nil)
 	b := newCore(t, "b", now, persistRules(), nil)
-	pa := node.NewPersister(a, time.Minute)
+	node.NewPersister(a, time.Minute)
 	mustAllow(t, a, now, "hour", "k", 4)
 	mustAllow(t, a, now, "sec", "k", 4) // too short to persist
 	mustAllow(t, b, now, "hour", "k", 3)
 	exchange(t, b, a, now)
 
-	f := pa.Export(now)
+	f := persistOf(a, now)
 	if f.CollectBeforeMs != now.UnixMilli() {
 		t.Errorf("CollectBeforeMs = %d, want %d", f.CollectBeforeMs, now.UnixMilli())
 	}
@@ -64,8 +64,8 @@ func TestPersisterExportRestore(t *testing.T) {
 	if len(f.Windows) != 2 || f.Windows[0] != want[0] || f.Windows[1] != want[1] {
 		t.Fatalf("Export windows = %+v, want %+v", f.Windows, want)
 	}
-	pa.Done(&f, nil)
-	if f2 := pa.Export(now.Add(time.Second)); !f2.Empty() {
+	a.Persisted(&f, nil)
+	if f2 := persistOf(a, now.Add(time.Second)); !f2.Empty() {
 		t.Errorf("second Export without changes = %+v, want empty", f2)
 	}
 	if st := a.Stats(); st.PersistFlushes != 1 || st.PersistEntries != 2 || st.PersistErrors != 0 {
@@ -97,7 +97,7 @@ func TestPersisterExportRestore(t *testing.T) {
 		t.Errorf("a 1 s window was restored: %+v", rep)
 	}
 	// Restored values are on disk already: only what changed is exported.
-	f3 := p2.Export(later)
+	f3 := persistOf(a2, later)
 	if len(f3.Windows) != 3 {
 		t.Errorf("export after restore and 3 admissions: %+v, want the window's 3 slots", f3.Windows)
 	}
@@ -119,30 +119,30 @@ func TestPersisterExportRestore(t *testing.T) {
 func TestPersisterLeases(t *testing.T) {
 	now := t0
 	a := newCore(t, "a", now, persistRules(), nil)
-	pa := node.NewPersister(a, time.Minute)
+	node.NewPersister(a, time.Minute)
 	l1, d, err := a.Acquire(now, "cc", "k", "")
 	if err != nil || !d.Allowed {
 		t.Fatal(d, err)
 	}
 	l2, _, _ := a.Acquire(now, "cc", "k", "")
-	f := pa.Export(now)
+	f := persistOf(a, now)
 	if len(f.Leases) != 2 || len(f.Released) != 0 {
 		t.Fatalf("export after two acquisitions: %+v", f)
 	}
-	pa.Done(&f, nil)
+	a.Persisted(&f, nil)
 	if err := a.Release(now, l2.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Renew(now.Add(time.Second), l1.ID); err != nil {
 		t.Fatal(err)
 	}
-	f = pa.Export(now.Add(time.Second))
+	f = persistOf(a, now.Add(time.Second))
 	if len(f.Released) != 1 || f.Released[0] != l2.ID || len(f.Leases) != 1 || !f.Leases[0].Expires.Equal(now.Add(time.Second+time.Minute)) {
 		t.Fatalf("export after release and renew: %+v", f)
 	}
 	// A failed write is retried whole, releases included.
-	pa.Done(&f, errors.New("disk full"))
-	f = pa.Export(now.Add(2 * time.Second))
+	a.Persisted(&f, errors.New("disk full"))
+	f = persistOf(a, now.Add(2 * time.Second))
 	if len(f.Released) != 1 || len(f.Leases) != 1 {
 		t.Errorf("export after a failed flush: %+v, want the release and the lease again", f)
 	}
@@ -167,7 +167,7 @@ func TestPersisterLeases(t *testing.T) {
 	if rep, _ := a2.Usage(later, "cc", "k"); rep.Total != 1 || len(rep.Slots) != 1 || rep.Slots[0].Incarnation != a2.Self().Incarnation {
 		t.Errorf("leases after restore: %+v, want 1 in the new slot", rep)
 	}
-	f = p2.Export(later)
+	f = persistOf(a2, later)
 	if len(f.Released) != 1 || f.Released[0] != "a~old~9" || len(f.Leases) != 1 || f.Leases[0].ID != l1.ID {
 		t.Errorf("first export after restore: %+v, want the expired lease released and the renewed one", f)
 	}
@@ -196,4 +196,11 @@ func TestRestoredPeerSlotCountsItsLeases(t *testing.T) {
 	if rep, _ := a.Usage(now, "hour", "k"); rep.Total != 2 {
 		t.Errorf("hour usage %d, want b's restored 2", rep.Total)
 	}
+}
+
+// persistOf has c's Persister export at now (Core.Persist) and returns
+// the Flush its Ready hands over.
+func persistOf(c *node.Core, now time.Time) node.Flush {
+	c.Persist(now)
+	return *c.Ready().Persist
 }

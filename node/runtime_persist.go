@@ -41,11 +41,10 @@ func (c *Config) fillPersistDefaults() {
 // persistence is the runtime's side of the Store. The run loop never
 // touches the disk: a goroutine of its own (persistLoop) flushes every
 // FlushInterval, so a slow disk delays neither decisions nor gossip. Only
-// Persister.Export runs under the node's mutex, and looks only at the
-// windows changed since the last flush (a full walk only after a failed
-// flush or a rules change).
+// the export (Core.Persist) runs under the node's mutex, and looks only at
+// the windows changed since the last flush (a full walk only after a
+// failed flush or a rules change).
 type persistence struct {
-	p       *Persister // guarded by Node.mu
 	storeMu sync.Mutex // serialises Store calls: the flush loop, the run loop's incarnation saves, Close
 	done    chan struct{}
 	peers   []KnownPeer // the members last saved; persistLoop's own
@@ -75,7 +74,7 @@ func restore(ctx context.Context, cfg *Config, core *Core) (*persistence, error)
 		cfg.Logger.Info("restored", "peer", cfg.Peer, "window_records", st.Windows, "leases", st.Leases,
 			"skipped_window_records", st.SkippedWindows, "skipped_leases", st.SkippedLeases)
 	}
-	return &persistence{p: p, done: make(chan struct{})}, nil
+	return &persistence{done: make(chan struct{})}, nil
 }
 
 // persistLoop flushes every FlushInterval until the node closes; Close
@@ -120,19 +119,32 @@ func (n *Node) reportFlush(err error, now time.Time) {
 	p.logged, p.held = now, 0
 }
 
-// flush exports what changed under the node's mutex and writes it outside
-// it, and returns the Store's error naming what was not written.
+// flush has the core export what changed (Core.Persist) and takes its
+// Ready under the node's mutex, writes the Flush outside it, and reports
+// the outcome to the core (Core.Persisted); it returns the Store's error
+// naming what was not written. The Ready holds the Flush alone (every
+// other input takes its Ready under the same hold of mu as it runs), and
+// handle acts on the rest all the same.
 func (n *Node) flush(ctx context.Context) error {
+	n.pubMu.Lock()
 	n.mu.Lock()
-	f := n.persist.p.Export(n.readClock())
+	now := n.readClock()
+	n.core.Persist(now)
+	rd := n.core.Ready()
 	n.mu.Unlock()
+	f := rd.Persist
+	rd.Persist = nil
+	n.handle(n.ctx, now, rd)
+	if f == nil {
+		return nil // no Persister: the node has no Store
+	}
 
 	n.persist.storeMu.Lock()
-	err := n.cfg.Store.Flush(ctx, f)
+	err := n.cfg.Store.Flush(ctx, *f)
 	n.persist.storeMu.Unlock()
 
 	n.mu.Lock()
-	n.persist.p.Done(&f, err)
+	n.core.Persisted(f, err)
 	n.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("flush of %d window records and %d leases: %w", len(f.Windows), len(f.Leases), err)
