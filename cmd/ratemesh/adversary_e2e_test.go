@@ -75,6 +75,80 @@ func adversaryMesh(t *testing.T, key crypto.PrivKey, psk []byte) *mesh.Mesh {
 	return m
 }
 
+// privateMesh is three `serve` processes that share a private network
+// key and an allowlist naming them and one more peer, the adversary, whose
+// identity the test holds.
+type privateMesh struct {
+	t       *testing.T
+	cluster *cluster
+	ps      []*proc
+	psk     []byte
+	advKey  crypto.PrivKey
+	advID   peer.ID
+}
+
+// startPrivateMesh writes a private network key and an allowlist of three
+// members and an adversary into a new cluster with config, starts the
+// three members (1 and 2 bootstrapped to 0), and returns once each sees
+// all three alive. The adversary is not started.
+func startPrivateMesh(t *testing.T, bin, config string) *privateMesh {
+	t.Helper()
+	c := newCluster(t, bin, config)
+	var pskBytes [32]byte
+	if _, err := rand.Read(pskBytes[:]); err != nil {
+		t.Fatal(err)
+	}
+	pskFile := filepath.Join(c.dir, "swarm.key")
+	if err := os.WriteFile(pskFile, []byte("/key/swarm/psk/1.0.0/\n/base16/\n"+hex.EncodeToString(pskBytes[:])+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	psk, err := mesh.LoadPSK(pskFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The members' identities exist before they start, so the allowlist
+	// can name them.
+	var allow []string
+	for i := range 3 {
+		nd := filepath.Join(c.dir, fmt.Sprintf("n%d", i))
+		if err := os.MkdirAll(nd, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		key, err := mesh.LoadOrCreateKey(filepath.Join(nd, "identity.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := peer.IDFromPrivateKey(key)
+		allow = append(allow, id.String())
+	}
+	advKey, _, _ := crypto.GenerateEd25519Key(nil)
+	advID, _ := peer.IDFromPrivateKey(advKey)
+	allowFile := filepath.Join(c.dir, "allow")
+	if err := os.WriteFile(allowFile, []byte(strings.Join(append(allow, advID.String()), "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"--psk-file", pskFile, "--allow-peers-file", allowFile}
+	ps := []*proc{c.start(0, "", "", flags...)}
+	for i := 1; i < 3; i++ {
+		ps = append(ps, c.start(i, "", "", append(flags, "--bootstrap", ps[0].ready.Addrs[0])...))
+	}
+	c.waitAlive(ps, 20*time.Second)
+	return &privateMesh{t: t, cluster: c, ps: ps, psk: psk, advKey: advKey, advID: advID}
+}
+
+// adversary starts the listed adversary's transport (adversaryMesh) and
+// connects it to every member.
+func (pm *privateMesh) adversary(ctx context.Context) *mesh.Mesh {
+	pm.t.Helper()
+	adv := adversaryMesh(pm.t, pm.advKey, pm.psk)
+	for _, p := range pm.ps {
+		if err := adv.Connect(ctx, p.ready.Addrs[0]); err != nil {
+			pm.t.Fatalf("the listed adversary cannot connect: %v", err)
+		}
+	}
+	return adv
+}
+
 // TestServeAllowlistedAdversary is issue 24's hardest case on real
 // processes: three `serve` nodes share a private network key and an
 // allowlist that names them and one adversary, a real libp2p peer of the
@@ -97,47 +171,8 @@ func TestServeAllowlistedAdversary(t *testing.T) {
 		limit  = 100
 		leases = 10
 	)
-	dir := t.TempDir()
-	var pskBytes [32]byte
-	if _, err := rand.Read(pskBytes[:]); err != nil {
-		t.Fatal(err)
-	}
-	pskFile := filepath.Join(dir, "swarm.key")
-	if err := os.WriteFile(pskFile, []byte("/key/swarm/psk/1.0.0/\n/base16/\n"+hex.EncodeToString(pskBytes[:])+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	psk, err := mesh.LoadPSK(pskFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newCluster(t, bin, fmt.Sprintf("rules:\n  - {name: hot, algorithm: fixed_window, limit: %d, window: 1s}\n  - {name: cc, algorithm: concurrency, limit: %d, lease_ttl: 1m}\n", limit, leases))
-	// The members' identities exist before they start, so the allowlist
-	// can name them.
-	var allow []string
-	for i := range 3 {
-		nd := filepath.Join(c.dir, fmt.Sprintf("n%d", i))
-		if err := os.MkdirAll(nd, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		key, err := mesh.LoadOrCreateKey(filepath.Join(nd, "identity.key"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, _ := peer.IDFromPrivateKey(key)
-		allow = append(allow, id.String())
-	}
-	advKey, _, _ := crypto.GenerateEd25519Key(nil)
-	advID, _ := peer.IDFromPrivateKey(advKey)
-	allowFile := filepath.Join(dir, "allow")
-	if err := os.WriteFile(allowFile, []byte(strings.Join(append(allow, advID.String()), "\n")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	flags := []string{"--psk-file", pskFile, "--allow-peers-file", allowFile}
-	ps := []*proc{c.start(0, "", "", flags...)}
-	for i := 1; i < 3; i++ {
-		ps = append(ps, c.start(i, "", "", append(flags, "--bootstrap", ps[0].ready.Addrs[0])...))
-	}
-	c.waitAlive(ps, 20*time.Second)
+	pm := startPrivateMesh(t, bin, fmt.Sprintf("rules:\n  - {name: hot, algorithm: fixed_window, limit: %d, window: 1s}\n  - {name: cc, algorithm: concurrency, limit: %d, lease_ttl: 1m}\n", limit, leases))
+	c, ps, psk, advID := pm.cluster, pm.ps, pm.psk, pm.advID
 
 	// A peer with the key that is not listed cannot connect.
 	outsiderKey, _, _ := crypto.GenerateEd25519Key(nil)
@@ -195,12 +230,7 @@ func TestServeAllowlistedAdversary(t *testing.T) {
 	time.Sleep(3 * time.Second) // the flood before the attack, not a wait for a condition
 	rssBefore := rssKB(t, ps[0].cmd.Process.Pid)
 
-	adv := adversaryMesh(t, advKey, psk)
-	for _, p := range ps {
-		if err := adv.Connect(ctx, p.ready.Addrs[0]); err != nil {
-			t.Fatalf("the listed adversary cannot connect: %v", err)
-		}
-	}
+	adv := pm.adversary(ctx)
 	self := crdt.Slot{Peer: advID.String(), Incarnation: uint64(time.Now().UnixMilli())}
 	var victim crdt.Slot
 	for _, pj := range peersOf(t, ps[1]) {

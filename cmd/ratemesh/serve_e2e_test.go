@@ -131,10 +131,22 @@ func startServeIn(t *testing.T, netns, bin string, args ...string) *proc {
 // test saw) may still be in the pipe: exec copies stderr on a goroutine
 // of its own, which a busy host can run late.
 func (p *proc) logged(substr string, d time.Duration) bool {
+	return p.loggedLine(d, substr)
+}
+
+// loggedLine reports whether one line of the process's stderr holds every
+// one of subs within d (see logged).
+func (p *proc) loggedLine(d time.Duration, subs ...string) bool {
 	deadline := time.Now().Add(d)
 	for {
-		if strings.Contains(p.stderr.String(), substr) {
-			return true
+		for _, line := range strings.Split(p.stderr.String(), "\n") {
+			all := true
+			for _, s := range subs {
+				all = all && strings.Contains(line, s)
+			}
+			if all {
+				return true
+			}
 		}
 		if time.Now().After(deadline) {
 			return false
