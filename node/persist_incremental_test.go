@@ -134,7 +134,7 @@ func TestPersisterForgetsEndedWindows(t *testing.T) {
 	if seen, indexed := node.PersisterTracked(pa); seen != 1 || indexed != 1 {
 		t.Errorf("tracked %d windows (%d indexed) at +3 h, want 1", seen, indexed)
 	}
-	if f := persistOf(a, t2.Add(3 * time.Hour)); !f.Empty() {
+	if f := persistOf(a, t2.Add(3*time.Hour)); !f.Empty() {
 		t.Errorf("export with every window ended = %q", exportedKeys(f))
 	}
 	if seen, indexed := node.PersisterTracked(pa); seen != 0 || indexed != 0 {

@@ -142,7 +142,7 @@ func TestPersisterLeases(t *testing.T) {
 	}
 	// A failed write is retried whole, releases included.
 	a.Persisted(&f, errors.New("disk full"))
-	f = persistOf(a, now.Add(2 * time.Second))
+	f = persistOf(a, now.Add(2*time.Second))
 	if len(f.Released) != 1 || len(f.Leases) != 1 {
 		t.Errorf("export after a failed flush: %+v, want the release and the lease again", f)
 	}
