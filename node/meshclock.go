@@ -38,6 +38,10 @@ type meshClock struct {
 	// they tag repairs (Core.nacked). Only echoes are a clock matter, but
 	// update visits every member once a heartbeat anyway.
 	common caps
+	// echoSinceMs is our raw clock when every live member last came to
+	// announce capEcho (0: from the start), so echoes go out since then:
+	// an echo older than that says nothing of a member (Core.ackedBy).
+	echoSinceMs int64
 	next   time.Time // the next re-estimate
 	// skewed is exceeded as of the last skewChange.
 	skewed bool
@@ -178,7 +182,11 @@ func (k *meshClock) takeEchoes(nowMs int64) []crdt.Echo {
 func (k *meshClock) tick(now time.Time, order []*member) {
 	if !now.Before(k.next) {
 		k.agePeers(order)
+		echoing := k.all(capEcho)
 		k.update(order)
+		if !echoing && k.all(capEcho) {
+			k.echoSinceMs = now.UnixMilli()
+		}
 		k.next = now.Add(k.every)
 	}
 }

@@ -122,7 +122,8 @@ func (c *Core) restale(now time.Time) {
 // or it echoed our clock within afterMs; and, if it ever echoed our
 // clock, it did so within echoMs, every member's longest gap between two
 // echoes of one member it hears (while every live member understands
-// echoes). Once stale, only an echo since the view turned stale counts.
+// echoes, and has for echoMs). Once stale, only an echo since the view
+// turned stale counts.
 //
 // A watermark is the least over every member its author holds alive, so
 // it lags for a member that fell silent to everyone (a partition), not
@@ -133,7 +134,10 @@ func (c *Core) restale(now time.Time) {
 // member that has heard nobody yet (watermark 0) is not awaited.
 func (c *Core) ackedBy(m *member, nowMs, ourW, afterMs, echoMs int64) bool {
 	echoed := func(within int64) bool { return m.heardUsMs != 0 && nowMs-m.heardUsMs < within }
-	if c.clock.all(capEcho) {
+	// Echoes count once every member has had echoMs to echo us since
+	// they became possible: a member of a release before FlagEcho that
+	// just left leaves everyone's last echo as old as its stay.
+	if c.clock.all(capEcho) && nowMs-c.clock.echoSinceMs >= echoMs {
 		if c.stale.on {
 			return m.heardUsMs > c.stale.sinceMs
 		}

@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -187,5 +188,59 @@ func TestCoreStaleWhenNotCounted(t *testing.T) {
 	})
 	if !served {
 		t.Fatalf("member 0 never served again (ready %v, fenced %v): nothing checked", net.Core(0).Joined(), net.Core(0).Fenced())
+	}
+}
+
+// TestCoreNotStaleWhenAnEcholessMemberLeaves: while a member of a release
+// before crdt.FlagEcho is live, nobody echoes clocks (it would refuse the
+// field), so every member's last echo of the others grows old. When it
+// leaves, echoes start again, but until each member has echoed the others
+// once their last echoes are older than a member's longest gap between
+// two echoes: the others counted as not acknowledging, and under strict
+// every member denied as stale for a moment (found by
+// TestServeKeyFloodAdversary's liar, which set no flags). Echoes count
+// again only a gap's length after they became possible.
+func TestCoreNotStaleWhenAnEcholessMemberLeaves(t *testing.T) {
+	const seed = 85
+	reportSeed(t, seed)
+	net := cluster(t, 3, seed, apiRule(limiter.FixedWindow, 100), nil) // strict
+	net.Delay = 5 * time.Millisecond
+	var stale []string
+	net.OnReady = func(i int, now time.Time, rd node.Ready) {
+		if rd.Stale != nil && rd.Stale.Stale {
+			stale = append(stale, fmt.Sprintf("member %d at %v: %+v", i, now.Sub(t0), *rd.Stale))
+		}
+	}
+	seq := uint64(0)
+	old := func(flags uint64) { // a heartbeat of the old member to everyone, acknowledging all
+		seq++
+		for i := range 3 {
+			now := net.Local(i)
+			b := heartbeatOf("old", seq, now, flags)
+			b.Ack = net.Core(i).MeshMs(now)
+			if err := net.Core(i).Step(now, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	run(t, net, time.Second, nil) // meshed, echoing
+	for range 100 {               // 5 s with the old member live
+		old(0)
+		run(t, net, 50*time.Millisecond, nil)
+	}
+	old(crdt.FlagLeaving)
+	for range 40 {
+		run(t, net, 50*time.Millisecond, nil)
+		if _, err := net.Core(0).Allow(net.Local(0), "api", "k", limiter.Request{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(stale) > 0 {
+		t.Errorf("members turned stale after the echoless member left: %v", stale)
+	}
+	for i := range 3 {
+		if net.Core(i).Stale() {
+			t.Errorf("member %d stale at the end", i)
+		}
 	}
 }
