@@ -42,7 +42,7 @@ type meshClock struct {
 	// announce capEcho (0: from the start), so echoes go out since then:
 	// an echo older than that says nothing of a member (Core.ackedBy).
 	echoSinceMs int64
-	next   time.Time // the next re-estimate
+	next        time.Time // the next re-estimate
 	// skewed is exceeded as of the last skewChange.
 	skewed bool
 	// rejected counts the samples refused as taken across a stall
