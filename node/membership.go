@@ -50,6 +50,10 @@ type membership struct {
 	// evictMemory.
 	announced map[crdt.Slot]map[string]time.Time
 	changes   []MemberChange // transitions since the last Tick (which adds them to the Ready)
+	// touched are the members whose state changed since noteFence last
+	// brought their suspectServing up to date (duplicates allowed): it
+	// looks at those alone, not at every member on every batch.
+	touched []*member
 	// quietUntil is when the next member can cross a silence threshold
 	// of updateMembers at the soonest, as of its last pass (zero: not
 	// known). A batch only moves its member's threshold later, so the
@@ -81,6 +85,7 @@ func (ms *membership) add(m *member) {
 	i, _ := slices.BinarySearchFunc(ms.order, m.peer, func(a *member, p string) int { return strings.Compare(a.peer, p) })
 	ms.order = slices.Insert(ms.order, i, m)
 	ms.changes = append(ms.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, To: m.state, New: true})
+	ms.touched = append(ms.touched, m)
 }
 
 // restart replaces m's incarnation by inc, alive at once: its gossip
@@ -91,6 +96,7 @@ func (ms *membership) restart(m *member, inc uint64) {
 	m.reset()
 	m.heardUsMs = 0 // the new incarnation has echoed nothing yet
 	ms.changes = append(ms.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: old, To: Alive, New: true})
+	ms.touched = append(ms.touched, m)
 }
 
 // set moves m to state s and records the change; it reports whether the
@@ -101,6 +107,7 @@ func (ms *membership) set(m *member, s State) bool {
 	}
 	ms.changes = append(ms.changes, MemberChange{Peer: m.peer, Incarnation: m.inc, From: m.state, To: s})
 	m.state = s
+	ms.touched = append(ms.touched, m)
 	return true
 }
 
