@@ -386,3 +386,16 @@ func BenchmarkWindowRaise(b *testing.B) {
 		})
 	}
 }
+
+// TestSlotIs checks Slot.Is against ==.
+func TestSlotIs(t *testing.T) {
+	slots := []crdt.Slot{{}, {Peer: "a", Incarnation: 1}, {Peer: "a", Incarnation: 2}, {Peer: "b", Incarnation: 1},
+		{Peer: "ab", Incarnation: 1}, {Peer: "ba", Incarnation: 1}, {Peer: "xa", Incarnation: 1}, {Peer: "", Incarnation: 1}}
+	for _, s := range slots {
+		for _, o := range slots {
+			if s.Is(o) != (s == o) {
+				t.Errorf("%v.Is(%v) = %t, want %t", s, o, s.Is(o), s == o)
+			}
+		}
+	}
+}

@@ -10,6 +10,17 @@ type Slot struct {
 	Incarnation uint64 `cbor:"1,keyasint"`
 }
 
+// Is reports whether s and o are the same slot, as s == o does, but
+// cheaper when they differ: peer IDs share their leading bytes (the
+// multihash prefix of a libp2p ID) and most often their length, so the
+// comparison looks at the incarnations and the peers' last bytes first.
+// A receiver matches every nack of every batch against its own slot.
+func (s Slot) Is(o Slot) bool {
+	p, q := s.Peer, o.Peer
+	return s.Incarnation == o.Incarnation && len(p) == len(q) &&
+		(len(p) == 0 || p[len(p)-1] == q[len(q)-1]) && p == q
+}
+
 // String formats the slot as "peer/incarnation".
 func (s Slot) String() string { return fmt.Sprintf("%s/%d", s.Peer, s.Incarnation) }
 

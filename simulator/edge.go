@@ -86,7 +86,7 @@ func (s *sim) edgesDue() error {
 // Core.Step then serves (a repair, or every own value again).
 func nacks(b *crdt.Batch, self crdt.Slot) bool {
 	for _, nk := range b.Nacks {
-		if nk.Slot == self {
+		if nk.Slot.Is(self) {
 			return true
 		}
 	}
