@@ -27,10 +27,13 @@ type MemoryStore struct {
 	identity []byte
 	inc      uint64
 	recs     map[recKey]WindowRecord
-	leases   map[string]Lease
-	peers    []KnownPeer
-	flushes  int
-	closed   bool
+	// collectAt is the least CollectAt of recs (0: none held, or not
+	// known): a flush before it has nothing to collect and walks nothing.
+	collectAt int64
+	leases    map[string]Lease
+	peers     []KnownPeer
+	flushes   int
+	closed    bool
 }
 
 // LoadPeers implements Store.
@@ -152,10 +155,20 @@ func (s *MemoryStore) Flush(_ context.Context, f Flush) error {
 		old := s.recs[k]
 		r.Admitted, r.Attempted = max(r.Admitted, old.Admitted), max(r.Attempted, old.Attempted)
 		s.recs[k] = r
+		if at := r.CollectAt(); s.collectAt == 0 || at < s.collectAt {
+			s.collectAt = at
+		}
 	}
-	for k, r := range s.recs {
-		if r.CollectAt() <= f.CollectBeforeMs {
-			delete(s.recs, k)
+	if s.collectAt != 0 && s.collectAt <= f.CollectBeforeMs {
+		// Walk only when something is due: an idle node holding a
+		// million persisted keys flushes every FlushInterval.
+		s.collectAt = 0
+		for k, r := range s.recs {
+			if at := r.CollectAt(); at <= f.CollectBeforeMs {
+				delete(s.recs, k)
+			} else if s.collectAt == 0 || at < s.collectAt {
+				s.collectAt = at
+			}
 		}
 	}
 	for _, id := range f.Released {

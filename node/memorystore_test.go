@@ -60,6 +60,16 @@ func TestMemoryStore(t *testing.T) {
 	if len(got) != 1 || got[0] != want {
 		t.Errorf("LoadWindows = %+v, want [%+v]", got, want)
 	}
+	// Window 7 is collected at 9000 ms, not before (the store walks its
+	// records only once the least CollectAt is due).
+	for _, at := range []int64{8999, 9000} {
+		if err := s.Flush(ctx, node.Flush{CollectBeforeMs: at}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.LoadWindows(ctx); len(got) != map[int64]int{8999: 1, 9000: 0}[at] {
+			t.Errorf("after a flush collecting before %d: %d records", at, len(got))
+		}
+	}
 	gotLs, err := s.LoadLeases(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +77,8 @@ func TestMemoryStore(t *testing.T) {
 	if len(gotLs) != 1 || gotLs[0].ID != "a~1~1" || !gotLs[0].Expires.Equal(exp) {
 		t.Errorf("LoadLeases = %+v, want only a~1~1 expiring %v", gotLs, exp)
 	}
-	if n := s.Flushes(); n != 2 {
-		t.Errorf("Flushes = %d, want 2", n)
+	if n := s.Flushes(); n != 4 {
+		t.Errorf("Flushes = %d, want 4", n)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
