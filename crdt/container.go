@@ -70,9 +70,12 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 		}
 	} else if !a.dense() && !t.dense() && (admitted|attempted) != 0 {
 		if w.shouldPair(id, admitted, attempted) {
-			pair(a, t, int(w.hintPair))
+			pair(a, t, int(w.hintPair), 1)
 			return w.Raise(id, admitted, attempted)
 		}
+	}
+	if (a.step == 2 || t.step == 2) && w.repair(id, admitted, attempted) {
+		return w.Raise(id, admitted, attempted)
 	}
 	if !a.dense() && admitted != 0 && int(id) < int(w.hintAdm) {
 		a.toDense(int(w.hintAdm))
@@ -110,6 +113,37 @@ func (w *Window) Touch(id SlotID) byte {
 func (w *Window) shouldPair(id SlotID, admitted, attempted uint64) bool {
 	a, t := &w.Admitted, &w.Attempted
 	return int(id) < int(w.hintPair) || a.wouldDense(id, admitted) || t.wouldDense(id, attempted)
+}
+
+// repair keeps the window's counters in one interleaved array when a raise
+// does not fit the array they share — the slot lies beyond it, or a value
+// is wider than its cells — or when one of them left it (GCounter.Raise
+// or Add, which know nothing of the other, grew it alone): it moves both
+// into a new interleaved array that fits, and reports whether it did.
+// Growing each alone would leave two arrays, a cache miss each on every
+// merge, and the bytes of two allocations (at three writers, two 3-byte
+// arrays of 8 bytes each instead of one). A slot too far for an array
+// (raiseDense) is left to the counters' own raises, which go sparse.
+func (w *Window) repair(id SlotID, admitted, attempted uint64) bool {
+	a, t := &w.Admitted, &w.Attempted
+	if !a.dense() || !t.dense() {
+		return false
+	}
+	fits := func(g *GCounter, v uint64) bool {
+		return v == 0 || (int(id)*int(g.step) < g.cells() && v <= cellMax(g.w))
+	}
+	if a.step == 2 && t.step == 2 && fits(a, admitted) && fits(t, attempted) {
+		return false
+	}
+	size := max(a.ids(), t.ids())
+	if int(id) >= size {
+		if far := 2 * denseSpan * (int(max(a.n, t.n)) + 1); int(id) >= far {
+			return false
+		}
+		size = arraySize(int(id) + 1)
+	}
+	pair(a, t, size, max(widthFor(admitted), widthFor(attempted)))
+	return true
 }
 
 // Series returns the key the window belongs to.

@@ -398,17 +398,23 @@ func (g *GCounter) grow(size int, w uint8) {
 	g.d, g.w, g.step = d, w, 1
 }
 
-// pair moves two sparse counters into one interleaved array covering at
-// least size SlotIDs: a's value of SlotID i in cell 2i, b's in cell 2i+1,
-// so that one memory access reaches both.
-func pair(a, b *GCounter, size int) {
-	size = max(size, arraySize(max(a.maxID(), b.maxID())+1))
-	w := widthFor(max(a.maxVal(), b.maxVal()))
+// pair moves two counters into one interleaved array covering at least
+// size SlotIDs, with cells at least w bytes wide (and as wide as their
+// values need): a's value of SlotID i in cell 2i, b's in cell 2i+1, so
+// that one memory access reaches both.
+func pair(a, b *GCounter, size int, w uint8) {
+	top, big := -1, uint64(0)
+	scan := func(id SlotID, v uint64) { top, big = max(top, int(id)), max(big, v) }
+	a.each(scan)
+	b.each(scan)
+	size = max(size, arraySize(top+1))
+	w = max(w, widthFor(big))
 	d := make([]byte, 2*size*int(w))
 	a.each(func(id SlotID, v uint64) { store(d, w, 2*int(id), v) })
 	b.each(func(id SlotID, v uint64) { store(d, w, 2*int(id)+1, v) })
-	a.d, a.w, a.step, a.n = d, w, 2, uint32(a.Len())
-	b.d, b.w, b.step, b.n = d[w:], w, 2, uint32(b.Len())
+	na, nb := uint32(a.Len()), uint32(b.Len())
+	a.d, a.w, a.step, a.n = d, w, 2, na
+	b.d, b.w, b.step, b.n = d[w:], w, 2, nb
 }
 
 // Add increments one slot by d (saturating). Only the slot's owner calls it.

@@ -54,7 +54,7 @@ func TestWindowLayout(t *testing.T) {
 func TestWindowTouch(t *testing.T) {
 	val := func(id SlotID) uint64 { return uint64(id)%200 + 1 }
 	paired, wide, alone, sparse := &Window{}, &Window{}, &Window{}, &Window{}
-	pair(&paired.Admitted, &paired.Attempted, 1000)
+	pair(&paired.Admitted, &paired.Attempted, 1000, 1)
 	for id := range SlotID(1000) {
 		paired.Raise(id, val(id), val(id)+7)
 		wide.Raise(id, val(id)+1000*uint64(id%3), val(id)+5000)
@@ -115,7 +115,7 @@ func TestGCounterOneSlotInPlace(t *testing.T) {
 			a.Raise(SlotID(id+4), 9)
 		}
 		b.Raise(2, 1)
-		pair(&a, &b, 64)
+		pair(&a, &b, 64, 1)
 		if !a.dense() || !b.dense() {
 			t.Fatalf("%d slots: pair left a sparse counter", slots)
 		}
@@ -150,5 +150,51 @@ func TestWindowOneWriterAllocations(t *testing.T) {
 	}
 	if w.Admitted.Get(2) != 101 || w.Attempted.Get(2) != 202 {
 		t.Fatalf("admitted %d, attempted %d; want 101, 202", w.Admitted.Get(2), w.Attempted.Get(2))
+	}
+}
+
+// TestWindowKeepsPair checks that a window's counters stay in one
+// interleaved array as writers come (the array grows as a pair) and as
+// values widen (through Window.Raise, or through the owner's Add on one
+// counter, after which the next merge pairs them again), and that a slot
+// too far for an array still sends the counters back to sparse.
+func TestWindowKeepsPair(t *testing.T) {
+	paired := func(w *Window) bool {
+		a, b := &w.Admitted, &w.Attempted
+		return a.step == 2 && b.step == 2 && unsafe.SliceData(b.d) == &a.d[a.w]
+	}
+	w := NewContainer().Rule("r").Ensure("k").EnsureWindow(1000, 1)
+	w.Attempted.Add(0, 1)
+	w.Admitted.Add(0, 1)
+	for id := SlotID(1); id < 3; id++ {
+		w.Raise(id, 1, 1)
+	}
+	if !paired(w) || len(w.Admitted.d) != 6 || w.Admitted.w != 1 {
+		t.Fatalf("three writers: paired %v, %d bytes of width %d; want one array of 6 one-byte cells", paired(w), len(w.Admitted.d), w.Admitted.w)
+	}
+	w.Raise(1, 300, 70_000) // wider than a byte, and than two
+	if !paired(w) || w.Admitted.w != 4 {
+		t.Fatalf("wide values: paired %v, width %d; want a pair of 4-byte cells", paired(w), w.Admitted.w)
+	}
+	w.Admitted.Add(0, 1<<40) // the owner's count, on one counter alone
+	if paired(w) {
+		t.Fatalf("set-up: the owner's add kept the pair")
+	}
+	w.Raise(2, 2, 2)
+	if !paired(w) || w.Admitted.w != 8 {
+		t.Fatalf("after the owner's add: paired %v, width %d; want a pair of 8-byte cells", paired(w), w.Admitted.w)
+	}
+	want := map[SlotID][2]uint64{0: {1 + 1<<40, 1}, 1: {300, 70_000}, 2: {2, 2}}
+	for id, v := range want {
+		if w.Admitted.Get(id) != v[0] || w.Attempted.Get(id) != v[1] {
+			t.Errorf("slot %d: %d, %d; want %d, %d", id, w.Admitted.Get(id), w.Attempted.Get(id), v[0], v[1])
+		}
+	}
+	if w.Admitted.Value() != 1+1<<40+302 || w.Attempted.Value() != 70_003 || w.Admitted.Len() != 3 || w.Attempted.Len() != 3 {
+		t.Errorf("values %d, %d, lens %d, %d", w.Admitted.Value(), w.Attempted.Value(), w.Admitted.Len(), w.Attempted.Len())
+	}
+	w.Raise(1<<20, 1, 1)
+	if w.Admitted.dense() || w.Attempted.dense() || w.Admitted.Get(1<<20) != 1 || w.Attempted.Len() != 4 {
+		t.Fatalf("a far slot: dense %v, %v; want both sparse", w.Admitted.dense(), w.Attempted.dense())
 	}
 }
