@@ -1,19 +1,24 @@
 package crdt
 
-import "math"
+import (
+	"math"
+	"unsafe"
+)
 
 // Window holds the counters of one (rule, key, window_ms, window index): the
 // admitted credits and the attempted credits (admitted plus rejected, the
 // demand signal), one value per slot each.
 //
-// A window is 128 bytes, a size class whose objects start on a cache
-// line: a merge reads WindowMs, Index and Admitted from the first line and
-// Attempted from the second (TestWindowLayout). A window written by one
-// member holds its counters in those 128 bytes and nothing else.
+// A window is 96 bytes (TestWindowLayout). What a merge reads — WindowMs,
+// Index and both counters — is its first 64 bytes, one cache line in
+// every other window of the size class and two in the rest. A window
+// written by one member holds its counters in those bytes and nothing
+// else.
 type Window struct {
-	WindowMs int64    // the window length in milliseconds; part of the identity
-	Index    int64    // floor(mesh_ms / WindowMs)
-	Admitted GCounter // admitted credits per slot
+	WindowMs  int64    // the window length in milliseconds; part of the identity
+	Index     int64    // floor(mesh_ms / WindowMs)
+	Admitted  GCounter // admitted credits per slot
+	Attempted GCounter // attempted credits per slot (≥ admitted)
 
 	// Sizes (in SlotIDs) of the arrays the window before this one (same
 	// length) held when this one was created: a key that many writers
@@ -22,8 +27,6 @@ type Window struct {
 	hintPair int32
 	dirty    bool
 	queued   bool // owner-side, never replicated: see Queue
-
-	Attempted GCounter // attempted credits per slot (≥ admitted)
 
 	// Acked is owner-side bookkeeping, never replicated: the owner's own
 	// admitted value in this window that every live member has acknowledged.
@@ -61,11 +64,13 @@ func (w *Window) Dirty() bool { return w.dirty }
 // place in memory instead of two.
 func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 	a, t := &w.Admitted, &w.Attempted
-	if a.step == 2 && t.step == 2 && a.w == 1 && t.w == 1 {
-		// Interleaved one-byte cells: SlotID i's pair is a.d[2i], t.d[2i].
-		if c := 2 * int(id); c < len(a.d) && c < len(t.d) && admitted <= math.MaxUint8 && attempted <= math.MaxUint8 {
-			ga := a.raise8(&a.d[c], admitted)
-			gt := t.raise8(&t.d[c], attempted)
+	const pairOf1 = pairBit | 1
+	if a.m&(pairBit|widthBits) == pairOf1 && t.m&(pairBit|widthBits) == pairOf1 {
+		// Interleaved one-byte cells: SlotID i's pair is cell 2i of each
+		// (t's cells start one byte on).
+		if c := 2 * int(id); c < a.cells() && c < t.cells() && admitted <= math.MaxUint8 && attempted <= math.MaxUint8 {
+			ga := a.raise8((*uint8)(unsafe.Add(a.p, c)), admitted)
+			gt := t.raise8((*uint8)(unsafe.Add(t.p, c)), attempted)
 			return ga || gt
 		}
 	} else if !a.dense() && !t.dense() && (admitted|attempted) != 0 {
@@ -74,7 +79,7 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 			return w.Raise(id, admitted, attempted)
 		}
 	}
-	if (a.step == 2 || t.step == 2) && w.repair(id, admitted, attempted) {
+	if (a.paired() || t.paired()) && w.repair(id, admitted, attempted) {
 		return w.Raise(id, admitted, attempted)
 	}
 	if !a.dense() && admitted != 0 && int(id) < int(w.hintAdm) {
@@ -98,8 +103,8 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 // time rather than the few a loop of raises overlaps (node.Core.StepMany).
 func (w *Window) Touch(id SlotID) byte {
 	a := &w.Admitted
-	if c := int(id) * int(a.step) * int(a.w); a.w != 0 && c < len(a.d) {
-		return a.d[c]
+	if c := int(id) * a.step(); a.dense() && c < a.cells() {
+		return *(*byte)(unsafe.Add(a.p, c*int(a.width())))
 	}
 	return 0
 }
@@ -130,19 +135,37 @@ func (w *Window) repair(id SlotID, admitted, attempted uint64) bool {
 		return false
 	}
 	fits := func(g *GCounter, v uint64) bool {
-		return v == 0 || (int(id)*int(g.step) < g.cells() && v <= cellMax(g.w))
+		return v == 0 || (int(id)*g.step() < g.cells() && v <= cellMax(g.width()))
 	}
-	if a.step == 2 && t.step == 2 && fits(a, admitted) && fits(t, attempted) {
+	if a.paired() && t.paired() && fits(a, admitted) && fits(t, attempted) {
 		return false
 	}
 	size := max(a.ids(), t.ids())
 	if int(id) >= size {
-		if far := 2 * denseSpan * (int(max(a.n, t.n)) + 1); int(id) >= far {
+		if tooFar(id, max(a.n, t.n)) {
 			return false
 		}
 		size = arraySize(int(id) + 1)
 	}
-	pair(a, t, size, max(widthFor(admitted), widthFor(attempted)))
+	w8 := max(widthFor(admitted), widthFor(attempted))
+	if !a.paired() || !t.paired() {
+		pair(a, t, size, w8)
+		return true
+	}
+	// Still one array: copy its cells, a's and t's alike, into the new
+	// one (a's array starts at the first cell, t's at the second).
+	ow := a.width()
+	w8 = max(w8, ow)
+	d := make([]byte, 2*size*int(w8))
+	if w8 == ow {
+		copy(d, a.array())
+	} else {
+		for c := range a.cells() {
+			store(d, w8, c, loadAt(a.p, ow, c))
+		}
+	}
+	a.setDense(d, w8, true, int(a.n))
+	t.setDense(d[w8:], w8, true, int(t.n))
 	return true
 }
 
@@ -271,7 +294,7 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 // hint sizes w's counters after p's, the window before it.
 func (w *Window) hint(p *Window) {
 	const most = 1 << 30
-	if p.Admitted.step == 2 && p.Attempted.step == 2 {
+	if p.Admitted.paired() && p.Attempted.paired() {
 		w.hintPair = int32(min(p.Attempted.ids(), most))
 		return
 	}

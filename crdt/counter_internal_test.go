@@ -22,28 +22,51 @@ func TestArraySize(t *testing.T) {
 	}
 }
 
-// TestWindowLayout pins the layout Window's comment relies on: the fields
-// a merge touches in two cache lines of an object that starts on one.
-func TestWindowLayout(t *testing.T) {
+// held returns the bytes of g's array (from its pointer) or records: 0
+// when it holds its one slot, or none, in its own fields.
+func (g *GCounter) held() int {
+	switch {
+	case g.dense():
+		return g.cells() * int(g.width())
+	case g.p != nil:
+		return int(g.n) * rec
+	}
+	return 0
+}
+
+// allocated returns the bytes of the allocation g's array or records
+// take, or 0 when it has none or points into another's (the second of an
+// interleaved pair).
+func (g *GCounter) allocated() int {
+	switch {
+	case g.dense() && g.paired() && g.cells()%2 == 1:
+		return 0
+	case g.dense():
+		return g.cells() * int(g.width())
+	case g.p != nil:
+		return recCap(int(g.n)) * rec
+	}
+	return 0
+}
+
+// TestCounterLayout pins the sizes GCounter's and Window's comments rely
+// on: a counter of 24 bytes, a window of 96 whose first 64 bytes are what
+// a merge reads (WindowMs, Index and both counters).
+func TestCounterLayout(t *testing.T) {
 	var w Window
-	if got := unsafe.Sizeof(w); got != 128 {
-		t.Errorf("Window is %d bytes, want 128 (a size class aligned to cache lines)", got)
+	if got := unsafe.Sizeof(w.Admitted); got != 24 {
+		t.Errorf("GCounter is %d bytes, want 24", got)
 	}
-	hot := unsafe.Sizeof(w.Admitted)
-	for _, f := range []struct {
-		name string
-		lo   uintptr
-	}{{"WindowMs", unsafe.Offsetof(w.WindowMs)}, {"Admitted", unsafe.Offsetof(w.Admitted)}, {"Attempted", unsafe.Offsetof(w.Attempted)}} {
-		hi := f.lo + hot
-		if f.name == "WindowMs" {
-			hi = unsafe.Offsetof(w.Index) + 8
-		}
-		if f.lo/64 != (hi-1)/64 {
-			t.Errorf("%s spans bytes %d to %d, across a cache line", f.name, f.lo, hi)
-		}
+	if got := unsafe.Sizeof(w); got != 96 {
+		t.Errorf("Window is %d bytes, want 96", got)
 	}
-	if unsafe.Offsetof(w.WindowMs)/64 != unsafe.Offsetof(w.Admitted)/64 {
-		t.Errorf("WindowMs and Admitted are in different cache lines")
+	if got := unsafe.Offsetof(w.Attempted) + unsafe.Sizeof(w.Attempted); unsafe.Offsetof(w.WindowMs) != 0 || unsafe.Offsetof(w.Index) != 8 || unsafe.Offsetof(w.Admitted) != 16 || got != 64 {
+		t.Errorf("WindowMs, Index, Admitted and Attempted end at byte %d, want the first 64 bytes", got)
+	}
+	for n := 2; n <= 1<<12; n++ {
+		if c := recCap(n); c < n || c&(c-1) != 0 || recCap(c) != c {
+			t.Fatalf("recCap(%d) = %d, want the next power of two", n, c)
+		}
 	}
 }
 
@@ -63,7 +86,7 @@ func TestWindowTouch(t *testing.T) {
 	for _, id := range []SlotID{30, 50, 80} { // records, whose bytes are no cells
 		sparse.Raise(id, 9, 9)
 	}
-	if paired.Admitted.step != 2 || paired.Admitted.w != 1 || wide.Admitted.w < 2 || alone.Admitted.step != 1 || sparse.Admitted.dense() {
+	if !paired.Admitted.paired() || paired.Admitted.width() != 1 || wide.Admitted.width() < 2 || !alone.Admitted.dense() || alone.Admitted.paired() || sparse.Admitted.dense() {
 		t.Fatalf("set-up: want paired one-byte, wide, lone dense and sparse counters")
 	}
 	for name, w := range map[string]*Window{"paired": paired, "wide": wide, "alone": alone} {
@@ -93,20 +116,20 @@ func TestGCounterOneSlotInPlace(t *testing.T) {
 		g.Raise(7, g.Get(7)+1)
 		g.Raise(7, 0)
 		g.Raise(3, 0)
-	}); n != 0 || len(g.d) != 0 {
-		t.Fatalf("one slot: %v allocations a run, %d bytes of records; want none", n, len(g.d))
+	}); n != 0 || g.held() != 0 {
+		t.Fatalf("one slot: %v allocations a run, %d bytes of records; want none", n, g.held())
 	}
 	if got, want := g.Get(7), uint64(2*101); got != want || g.Value() != want || g.Len() != 1 || g.Get(3) != 0 {
 		t.Fatalf("one slot: Get(7) %d, Value %d, Len %d, Get(3) %d; want %d, %d, 1, 0", got, g.Value(), g.Len(), g.Get(3), want, want)
 	}
 	far := g
 	g.Raise(3, 5)
-	if !g.dense() || len(g.d) != 8 || g.Len() != 2 || g.Get(3) != 5 || g.Get(7) != 202 || g.Value() != 207 {
-		t.Fatalf("two slots: dense %v of %d bytes, Len %d, Get(3) %d, Get(7) %d, Value %d; want an array of 8, 2, 5, 202, 207", g.dense(), len(g.d), g.Len(), g.Get(3), g.Get(7), g.Value())
+	if !g.dense() || g.held() != 8 || g.Len() != 2 || g.Get(3) != 5 || g.Get(7) != 202 || g.Value() != 207 {
+		t.Fatalf("two slots: dense %v of %d bytes, Len %d, Get(3) %d, Get(7) %d, Value %d; want an array of 8, 2, 5, 202, 207", g.dense(), g.held(), g.Len(), g.Get(3), g.Get(7), g.Value())
 	}
 	far.Raise(100, 5) // 101 cells against 24 bytes of records
-	if far.dense() || len(far.d) != 2*rec || far.Len() != 2 || far.Get(100) != 5 || far.Get(7) != 202 || far.Value() != 207 {
-		t.Fatalf("two far slots: dense %v, %d bytes, Len %d, Get(100) %d, Get(7) %d, Value %d; want records of %d, 2, 5, 202, 207", far.dense(), len(far.d), far.Len(), far.Get(100), far.Get(7), far.Value(), 2*rec)
+	if far.dense() || far.held() != 2*rec || far.Len() != 2 || far.Get(100) != 5 || far.Get(7) != 202 || far.Value() != 207 {
+		t.Fatalf("two far slots: dense %v, %d bytes, Len %d, Get(100) %d, Get(7) %d, Value %d; want records of %d, 2, 5, 202, 207", far.dense(), far.held(), far.Len(), far.Get(100), far.Get(7), far.Value(), 2*rec)
 	}
 
 	for _, slots := range []int{0, 1} {
@@ -125,8 +148,8 @@ func TestGCounterOneSlotInPlace(t *testing.T) {
 		if slots == 1 {
 			want[4] = 9
 		}
-		if a.dense() || a.Len() != len(want) || (slots == 0 && len(a.d) != 0) {
-			t.Fatalf("%d slots: dense %v, Len %d, %d bytes of records after a far raise", slots, a.dense(), a.Len(), len(a.d))
+		if a.dense() || a.Len() != len(want) || (slots == 0 && a.held() != 0) {
+			t.Fatalf("%d slots: dense %v, Len %d, %d bytes of records after a far raise", slots, a.dense(), a.Len(), a.held())
 		}
 		got := map[SlotID]uint64{}
 		a.Each(func(id SlotID, v uint64) { got[id] = v })
@@ -161,7 +184,7 @@ func TestWindowOneWriterAllocations(t *testing.T) {
 func TestWindowKeepsPair(t *testing.T) {
 	paired := func(w *Window) bool {
 		a, b := &w.Admitted, &w.Attempted
-		return a.step == 2 && b.step == 2 && unsafe.SliceData(b.d) == &a.d[a.w]
+		return a.paired() && b.paired() && b.p == unsafe.Add(a.p, a.width())
 	}
 	w := NewContainer().Rule("r").Ensure("k").EnsureWindow(1000, 1)
 	w.Attempted.Add(0, 1)
@@ -169,20 +192,20 @@ func TestWindowKeepsPair(t *testing.T) {
 	for id := SlotID(1); id < 3; id++ {
 		w.Raise(id, 1, 1)
 	}
-	if !paired(w) || len(w.Admitted.d) != 6 || w.Admitted.w != 1 {
-		t.Fatalf("three writers: paired %v, %d bytes of width %d; want one array of 6 one-byte cells", paired(w), len(w.Admitted.d), w.Admitted.w)
+	if !paired(w) || w.Admitted.held() != 6 || w.Admitted.width() != 1 {
+		t.Fatalf("three writers: paired %v, %d bytes of width %d; want one array of 6 one-byte cells", paired(w), w.Admitted.held(), w.Admitted.width())
 	}
 	w.Raise(1, 300, 70_000) // wider than a byte, and than two
-	if !paired(w) || w.Admitted.w != 4 {
-		t.Fatalf("wide values: paired %v, width %d; want a pair of 4-byte cells", paired(w), w.Admitted.w)
+	if !paired(w) || w.Admitted.width() != 4 {
+		t.Fatalf("wide values: paired %v, width %d; want a pair of 4-byte cells", paired(w), w.Admitted.width())
 	}
 	w.Admitted.Add(0, 1<<40) // the owner's count, on one counter alone
 	if paired(w) {
 		t.Fatalf("set-up: the owner's add kept the pair")
 	}
 	w.Raise(2, 2, 2)
-	if !paired(w) || w.Admitted.w != 8 {
-		t.Fatalf("after the owner's add: paired %v, width %d; want a pair of 8-byte cells", paired(w), w.Admitted.w)
+	if !paired(w) || w.Admitted.width() != 8 {
+		t.Fatalf("after the owner's add: paired %v, width %d; want a pair of 8-byte cells", paired(w), w.Admitted.width())
 	}
 	want := map[SlotID][2]uint64{0: {1 + 1<<40, 1}, 1: {300, 70_000}, 2: {2, 2}}
 	for id, v := range want {
