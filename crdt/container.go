@@ -9,24 +9,18 @@ import (
 // admitted credits and the attempted credits (admitted plus rejected, the
 // demand signal), one value per slot each.
 //
-// A window is 96 bytes (TestWindowLayout). What a merge reads — WindowMs,
-// Index and both counters — is its first 64 bytes, one cache line in
-// every other window of the size class and two in the rest. A window
+// A window is 80 bytes (TestCounterLayout). What a merge reads —
+// WindowMs, Index and both counters — is its first 64 bytes. A window
 // written by one member holds its counters in those bytes and nothing
-// else.
+// else. The window's own bookkeeping is in its counters' spare bits: the
+// dirty mark (Dirty) is the admitted counter's mark bit, the repair mark
+// (Queue) the attempted counter's, and the size hints (hint) the shape of
+// a counter that is still sparse.
 type Window struct {
 	WindowMs  int64    // the window length in milliseconds; part of the identity
 	Index     int64    // floor(mesh_ms / WindowMs)
 	Admitted  GCounter // admitted credits per slot
 	Attempted GCounter // attempted credits per slot (≥ admitted)
-
-	// Sizes (in SlotIDs) of the arrays the window before this one (same
-	// length) held when this one was created: a key that many writers
-	// wrote keeps them, so this window's counters start as arrays that
-	// size, interleaved if the window before had them interleaved.
-	hintPair int32
-	dirty    bool
-	queued   bool // owner-side, never replicated: see Queue
 
 	// Acked is owner-side bookkeeping, never replicated: the owner's own
 	// admitted value in this window that every live member has acknowledged.
@@ -34,28 +28,65 @@ type Window struct {
 	// seen yet.
 	Acked uint64
 
-	series           *Series
-	hintAdm, hintAtt int32 // as hintPair, for each counter alone
+	series *Series
 }
 
 // Queue marks w as queued in its owner's repair set (package node's
 // outbox) and reports whether it was not queued already. Like Acked, the
 // mark is the owner's bookkeeping and is never replicated; it costs the
-// window no space (it fills padding).
+// window no space (it is a spare bit of the attempted counter's shape).
 func (w *Window) Queue() bool {
-	if w.queued {
+	if w.Attempted.m&markBit != 0 {
 		return false
 	}
-	w.queued = true
+	w.Attempted.m |= markBit
 	return true
 }
 
 // Unqueue clears the mark Queue set.
-func (w *Window) Unqueue() { w.queued = false }
+func (w *Window) Unqueue() { w.Attempted.m &^= markBit }
 
 // Dirty reports whether w is marked dirty (Container.MarkDirty) and not
 // yet taken (TakeDirty).
-func (w *Window) Dirty() bool { return w.dirty }
+func (w *Window) Dirty() bool { return w.Admitted.m&markBit != 0 }
+
+// setDirty sets or clears the dirty mark, a spare bit of the admitted
+// counter's shape.
+func (w *Window) setDirty(on bool) {
+	if on {
+		w.Admitted.m |= markBit
+	} else {
+		w.Admitted.m &^= markBit
+	}
+}
+
+// Sizes (in SlotIDs) of the arrays the window before this one (same
+// length) held when this one was created: a key that many writers wrote
+// keeps them, so this window's counters start as arrays that size,
+// interleaved if the window before had them interleaved. They are kept
+// in the shape of a sparse counter (GCounter.hint) and lost when it goes
+// dense, as they are then spent.
+
+// hintPair returns the size the counters are to be interleaved at, or 0.
+func (w *Window) hintPair() int {
+	if a := &w.Admitted; a.pairHint() {
+		return a.hint()
+	}
+	return 0
+}
+
+// hintAdm returns the size the admitted counter alone is to go dense at,
+// or 0.
+func (w *Window) hintAdm() int {
+	if a := &w.Admitted; !a.pairHint() {
+		return a.hint()
+	}
+	return 0
+}
+
+// hintAtt returns the size the attempted counter alone is to go dense at,
+// or 0.
+func (w *Window) hintAtt() int { return w.Attempted.hint() }
 
 // Raise merges one slot's admitted and attempted values, exactly as
 // Admitted.Raise(id, admitted) and Attempted.Raise(id, attempted) would,
@@ -75,18 +106,18 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 		}
 	} else if !a.dense() && !t.dense() && (admitted|attempted) != 0 {
 		if w.shouldPair(id, admitted, attempted) {
-			pair(a, t, int(w.hintPair), 1)
+			pair(a, t, w.hintPair(), 1)
 			return w.Raise(id, admitted, attempted)
 		}
 	}
 	if (a.paired() || t.paired()) && w.repair(id, admitted, attempted) {
 		return w.Raise(id, admitted, attempted)
 	}
-	if !a.dense() && admitted != 0 && int(id) < int(w.hintAdm) {
-		a.toDense(int(w.hintAdm))
+	if h := w.hintAdm(); !a.dense() && admitted != 0 && int(id) < h {
+		a.toDense(h)
 	}
-	if !t.dense() && attempted != 0 && int(id) < int(w.hintAtt) {
-		t.toDense(int(w.hintAtt))
+	if h := w.hintAtt(); !t.dense() && attempted != 0 && int(id) < h {
+		t.toDense(h)
 	}
 	// Raising to 0 never changes a counter: most slots of a limited key
 	// attempt and are not admitted, so skip the admitted search then.
@@ -117,7 +148,7 @@ func (w *Window) Touch(id SlotID) byte {
 // cache miss per merge instead of two.
 func (w *Window) shouldPair(id SlotID, admitted, attempted uint64) bool {
 	a, t := &w.Admitted, &w.Attempted
-	return int(id) < int(w.hintPair) || a.wouldDense(id, admitted) || t.wouldDense(id, attempted)
+	return int(id) < w.hintPair() || a.wouldDense(id, admitted) || t.wouldDense(id, attempted)
 }
 
 // repair keeps the window's counters in one interleaved array when a raise
@@ -293,16 +324,15 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 
 // hint sizes w's counters after p's, the window before it.
 func (w *Window) hint(p *Window) {
-	const most = 1 << 30
 	if p.Admitted.paired() && p.Attempted.paired() {
-		w.hintPair = int32(min(p.Attempted.ids(), most))
+		w.Admitted.setHint(p.Attempted.ids(), true)
 		return
 	}
 	if p.Admitted.dense() {
-		w.hintAdm = int32(min(p.Admitted.ids(), most))
+		w.Admitted.setHint(p.Admitted.ids(), false)
 	}
 	if p.Attempted.dense() {
-		w.hintAtt = int32(min(p.Attempted.ids(), most))
+		w.Attempted.setHint(p.Attempted.ids(), false)
 	}
 }
 
@@ -447,8 +477,8 @@ func (c *Container) Rules() []string {
 // MarkDirty records that the owner's slot in w changed and must be
 // published. Marking twice before TakeDirty records it once.
 func (c *Container) MarkDirty(w *Window) {
-	if !w.dirty {
-		w.dirty = true
+	if !w.Dirty() {
+		w.setDirty(true)
 		c.dirtyWin = append(c.dirtyWin, w)
 	}
 }
@@ -466,7 +496,7 @@ func (c *Container) MarkLeasesDirty(s *Series) {
 func (c *Container) TakeDirty() ([]*Window, []*Series) {
 	ws, ls := c.dirtyWin, c.dirtyLeases
 	for _, w := range ws {
-		w.dirty = false
+		w.setDirty(false)
 	}
 	for _, s := range ls {
 		s.leasesDirty = false

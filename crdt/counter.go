@@ -77,9 +77,12 @@ type GCounter struct {
 //	bits 0–2   cell width: 0 sparse, else 1, 2, 3 or 4 for cells of 1,
 //	           2, 4 or 8 bytes
 //	bit 3      dense: interleaved with the window's other counter, every
-//	           other cell this one's (step 2)
+//	           other cell this one's (step 2); sparse: the hint is for
+//	           the pair (pairHint)
 //	bit 4      a mark the counter keeps for its holder and never reads
-//	bits 5–31  dense: the cells from p (at most maxCells)
+//	           (Window.Dirty, Window.Queue)
+//	bits 5–31  dense: the cells from p (at most maxCells); sparse: the
+//	           size hint its holder gave it (hint)
 type shape uint32
 
 const (
@@ -152,8 +155,9 @@ func (g *GCounter) width() uint8 {
 // counter's array: 2 when interleaved, else 1.
 func (g *GCounter) step() int { return 1 + int(g.m>>3&1) }
 
-// paired reports whether a dense counter is interleaved with another.
-func (g *GCounter) paired() bool { return g.m&pairBit != 0 }
+// paired reports whether the counter is dense and interleaved with
+// another.
+func (g *GCounter) paired() bool { return g.m&pairBit != 0 && g.dense() }
 
 // cells returns how many cells a dense counter's array holds from p.
 func (g *GCounter) cells() int { return int(g.m >> cellShift) }
@@ -187,14 +191,40 @@ func (g *GCounter) setDense(d []byte, w uint8, paired bool, n int) {
 
 // setSparse makes the counter sparse: the records d (made with room for
 // recCap of them), or with none, the one slot id (whose value is total)
-// or none. It keeps the mark.
+// or none. It keeps the mark, and the hint of a counter that was sparse.
 func (g *GCounter) setSparse(d []byte, id SlotID) {
-	g.m &= markBit
+	if g.dense() {
+		g.m &= markBit
+	}
 	if len(d) == 0 {
 		g.p, g.n = nil, uint32(id)
 		return
 	}
 	g.p, g.n = unsafe.Pointer(unsafe.SliceData(d)), uint32(len(d)/rec)
+}
+
+// hint returns the size hint of a sparse counter, in SlotIDs (0 when
+// dense or none): the size of the array the counter is to go dense at
+// (Window.Raise), which its holder set (setHint) and going dense spends.
+func (g *GCounter) hint() int {
+	if g.dense() {
+		return 0
+	}
+	return int(g.m >> cellShift)
+}
+
+// pairHint reports whether a sparse counter's hint is for an interleaved
+// pair.
+func (g *GCounter) pairHint() bool { return !g.dense() && g.m&pairBit != 0 }
+
+// setHint sets a sparse counter's size hint to size SlotIDs (at most
+// maxCells), for a pair or for the counter alone.
+func (g *GCounter) setHint(size int, forPair bool) {
+	m := g.m&(widthBits|markBit) | shape(min(size, maxCells))<<cellShift
+	if forPair {
+		m |= pairBit
+	}
+	g.m = m
 }
 
 // widthFor returns the narrowest cell width that holds v.

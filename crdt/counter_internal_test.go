@@ -50,15 +50,15 @@ func (g *GCounter) allocated() int {
 }
 
 // TestCounterLayout pins the sizes GCounter's and Window's comments rely
-// on: a counter of 24 bytes, a window of 96 whose first 64 bytes are what
+// on: a counter of 24 bytes, a window of 80 whose first 64 bytes are what
 // a merge reads (WindowMs, Index and both counters).
 func TestCounterLayout(t *testing.T) {
 	var w Window
 	if got := unsafe.Sizeof(w.Admitted); got != 24 {
 		t.Errorf("GCounter is %d bytes, want 24", got)
 	}
-	if got := unsafe.Sizeof(w); got != 96 {
-		t.Errorf("Window is %d bytes, want 96", got)
+	if got := unsafe.Sizeof(w); got != 80 {
+		t.Errorf("Window is %d bytes, want 80", got)
 	}
 	if got := unsafe.Offsetof(w.Attempted) + unsafe.Sizeof(w.Attempted); unsafe.Offsetof(w.WindowMs) != 0 || unsafe.Offsetof(w.Index) != 8 || unsafe.Offsetof(w.Admitted) != 16 || got != 64 {
 		t.Errorf("WindowMs, Index, Admitted and Attempted end at byte %d, want the first 64 bytes", got)
@@ -219,5 +219,82 @@ func TestWindowKeepsPair(t *testing.T) {
 	w.Raise(1<<20, 1, 1)
 	if w.Admitted.dense() || w.Attempted.dense() || w.Admitted.Get(1<<20) != 1 || w.Attempted.Len() != 4 {
 		t.Fatalf("a far slot: dense %v, %v; want both sparse", w.Admitted.dense(), w.Attempted.dense())
+	}
+}
+
+// TestWindowHintsAndMarks checks the bookkeeping a window keeps in its
+// counters' spare bits: a window after one whose counters were
+// interleaved pairs its own at that size on the first merge below it,
+// after the owner's own count held in place and a few records; one after
+// a window whose admitted counter alone was dense makes its admitted
+// counter dense at that size; and the dirty and repair marks stay set
+// through every change of representation, until cleared.
+func TestWindowHintsAndMarks(t *testing.T) {
+	c := NewContainer()
+	s := c.Rule("r").Ensure("k")
+	w5 := s.EnsureWindow(1000, 5)
+	for id := range SlotID(1000) {
+		w5.Raise(id, 1, 1)
+	}
+	h := w5.Admitted.ids()
+	if !w5.Admitted.paired() || h < 1000 {
+		t.Fatalf("set-up: window 5 paired %v over %d SlotIDs, want 1000 or more", w5.Admitted.paired(), h)
+	}
+	w6 := s.EnsureWindow(1000, 6)
+	c.MarkDirty(w6)
+	w6.Queue()
+	marked := func(what string) {
+		t.Helper()
+		if !w6.Dirty() || w6.Queue() {
+			t.Fatalf("%s: dirty %v, queued %v; want both", what, w6.Dirty(), !w6.Queue())
+		}
+	}
+	if w6.hintPair() != h || w6.hintAdm() != 0 || w6.hintAtt() != 0 {
+		t.Fatalf("window 6 hints %d, %d, %d; want a pair of %d", w6.hintPair(), w6.hintAdm(), w6.hintAtt(), h)
+	}
+	w6.Admitted.Add(7, 300) // the owner's count, in place
+	w6.Attempted.Add(7, 300)
+	w6.Raise(2000, 1, 1) // beyond the hint: records, the hint kept
+	marked("records")
+	if w6.Admitted.dense() || w6.hintPair() != h {
+		t.Fatalf("after a slot beyond the hint: dense %v, hint %d; want records and the hint", w6.Admitted.dense(), w6.hintPair())
+	}
+	w6.Raise(500, 1, 1)
+	marked("paired")
+	if !w6.Admitted.paired() || !w6.Attempted.paired() || w6.Admitted.ids() < h || w6.Admitted.width() != 2 {
+		t.Fatalf("after a slot below the hint: paired %v, %v over %d SlotIDs of width %d; want a pair of 2-byte cells over %d or more", w6.Admitted.paired(), w6.Attempted.paired(), w6.Admitted.ids(), w6.Admitted.width(), h)
+	}
+	w6.Raise(600, 1<<40, 1<<40) // wider cells
+	w6.Raise(1<<24, 1, 1)       // too far: records again
+	marked("wide, then records")
+	if w6.Admitted.dense() || w6.Attempted.dense() {
+		t.Fatalf("after a far slot: dense %v, %v; want records", w6.Admitted.dense(), w6.Attempted.dense())
+	}
+	for id, v := range map[SlotID]uint64{7: 300, 2000: 1, 500: 1, 600: 1 << 40, 1 << 24: 1} {
+		if w6.Admitted.Get(id) != v || w6.Attempted.Get(id) != v {
+			t.Errorf("slot %d: %d, %d; want %d", id, w6.Admitted.Get(id), w6.Attempted.Get(id), v)
+		}
+	}
+	if ws, _ := c.TakeDirty(); len(ws) != 1 || ws[0] != w6 || w6.Dirty() {
+		t.Fatalf("TakeDirty: %d windows, window 6 dirty %v", len(ws), w6.Dirty())
+	}
+	w6.Unqueue()
+	if !w6.Queue() {
+		t.Fatalf("Unqueue left the mark")
+	}
+
+	// Admitted dense alone (an owner's raises of many slots), attempted
+	// sparse: the next window's admitted counter alone goes dense.
+	w10 := s.EnsureWindow(1000, 10)
+	for id := range SlotID(40) {
+		w10.Admitted.Raise(id, 1)
+	}
+	w11 := s.EnsureWindow(1000, 11)
+	if w11.hintAdm() != w10.Admitted.ids() || w11.hintPair() != 0 || w11.hintAtt() != 0 {
+		t.Fatalf("window 11 hints %d, %d, %d; want the admitted counter's %d", w11.hintPair(), w11.hintAdm(), w11.hintAtt(), w10.Admitted.ids())
+	}
+	w11.Raise(3, 1, 0)
+	if !w11.Admitted.dense() || w11.Admitted.paired() || w11.Admitted.ids() != w10.Admitted.ids() {
+		t.Fatalf("window 11: dense %v, paired %v over %d SlotIDs", w11.Admitted.dense(), w11.Admitted.paired(), w11.Admitted.ids())
 	}
 }

@@ -265,7 +265,7 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 	earliest, again := int64(math.MaxInt64), false
 	for _, w := range s.Windows {
 		if w.Expired(nowMs) {
-			if !w.dirty {
+			if !w.Dirty() {
 				continue
 			}
 			again = true // dropped once its mark is taken

@@ -19,7 +19,7 @@ func walkCollect(c *Container, nowMs int64) int {
 		for _, s := range all {
 			kept := s.Windows[:0]
 			for _, w := range s.Windows {
-				if w.Expired(nowMs) && !w.dirty {
+				if w.Expired(nowMs) && !w.Dirty() {
 					dropped++
 					continue
 				}
@@ -47,7 +47,7 @@ func dump(c *Container) string {
 			var b strings.Builder
 			fmt.Fprintf(&b, "%s/%s leases %d/%d dirty %v:", name, key, s.Leases().P.Value(), s.Leases().N.Value(), s.leasesDirty)
 			for _, w := range s.Windows {
-				fmt.Fprintf(&b, " %d/%d=%d,%v", w.WindowMs, w.Index, w.Admitted.Value(), w.dirty)
+				fmt.Fprintf(&b, " %d/%d=%d,%v", w.WindowMs, w.Index, w.Admitted.Value(), w.Dirty())
 			}
 			lines = append(lines, b.String())
 		})
