@@ -221,31 +221,43 @@ func (w *Window) CollectAt() int64 { return (w.Index + 2) * w.WindowMs }
 // Series is everything held for one (rule, key): its windows, ascending by
 // (WindowMs, Index), and for concurrency rules its lease counter. A series
 // is used through its pointer, never copied: Windows may point into it.
+//
+// A series is 64 bytes (TestSeriesLayout): when Collect is due to look at
+// it again follows from its windows (due), and its first window's pointer
+// and its lease counter share one word (one).
 type Series struct {
 	Key     string
 	Windows []*Window
-	// leases is the lease counter of a concurrency rule's key, nil for
-	// every other key (most): see Leases and EnsureLeases.
-	leases *LeaseCounts
 
-	rule        *RuleSet
-	leasesDirty bool
-	// where the series waits for Collect, and due in which bucket
-	// (expiry.go); where and charge share leasesDirty's word, so the
-	// series stays in the 80-byte size class (TestSeriesLayout).
-	where uint8
+	rule *RuleSet
+	// one is, for a series with no lease counter (most), its first
+	// window's pointer, as Windows' array while it has room: a key
+	// touched in one window needs no array of its own, and a second
+	// window moves Windows to an array of its own. For a series with a
+	// lease counter (hasLeases), it is the *LeaseCounts, and Windows
+	// always has an array of its own. See windowsInPlace, Leases.
+	one unsafe.Pointer
 	// charge is who made the series (EnsureCharged): 0, this member
 	// itself (a decision, the disk), or a peer's charge (NewCharge).
 	charge uint32
-	due    int64
-	// one holds the series' first window, as Windows' array while it has
-	// room: a key touched in one window (most keys) needs no array of its
-	// own. A second window moves Windows to an array of its own.
-	one [1]*Window
+	// where the series waits for Collect (expiry.go).
+	where       uint8
+	leasesDirty bool
+	hasLeases   bool
 }
 
 // Rule returns the rule set the series belongs to.
 func (s *Series) Rule() *RuleSet { return s.rule }
+
+// inPlace returns the array of one window held in s.one, for Windows.
+func (s *Series) inPlace() []*Window {
+	return unsafe.Slice((**Window)(unsafe.Pointer(&s.one)), 1)
+}
+
+// windowsInPlace reports whether Windows' array is s.one.
+func (s *Series) windowsInPlace() bool {
+	return cap(s.Windows) > 0 && unsafe.SliceData(s.Windows) == (**Window)(unsafe.Pointer(&s.one))
+}
 
 // LeaseCounts is a key's lease counter: the leases acquired (P) and
 // released (N) in each slot, and the owner's acknowledged net.
@@ -264,24 +276,44 @@ var noLeases LeaseCounts
 // when the series has none (a windowed rule's never has). Write through
 // EnsureLeases.
 func (s *Series) Leases() *LeaseCounts {
-	if s.leases == nil {
+	if !s.hasLeases {
 		return &noLeases
 	}
-	return s.leases
+	return (*LeaseCounts)(s.one)
 }
 
 // EnsureLeases returns the series' lease counter, making it if needed.
-// Only a concurrency rule's keys need one: the others keep the pointer
-// nil and the 88 bytes a counter takes.
+// Only a concurrency rule's keys need one: the others keep none, and the
+// 72 bytes a counter takes.
 func (s *Series) EnsureLeases() *LeaseCounts {
-	if s.leases == nil {
-		s.leases = new(LeaseCounts)
+	if !s.hasLeases {
+		if s.windowsInPlace() {
+			// The word goes to the lease counter: the window to an
+			// array of its own.
+			s.Windows = append([]*Window(nil), s.Windows...)
+		}
+		s.one, s.hasLeases = unsafe.Pointer(new(LeaseCounts)), true
 	}
-	return s.leases
+	return (*LeaseCounts)(s.one)
 }
 
 // HasLeases reports whether the series has a lease counter.
-func (s *Series) HasLeases() bool { return s.leases != nil }
+func (s *Series) HasLeases() bool { return s.hasLeases }
+
+// due returns the earliest CollectAt of the series' windows but skip, or
+// the largest int64 when there is none. A series waiting in a bucket of
+// the expiry queue (inBucket) waits in the bucket of its due(nil): every
+// push there is at that time, and nothing but a push or Collect changes
+// the windows' earliest CollectAt (queueWindow).
+func (s *Series) due(skip *Window) int64 {
+	due := int64(math.MaxInt64)
+	for _, w := range s.Windows {
+		if w != skip {
+			due = min(due, w.CollectAt())
+		}
+	}
+	return due
+}
 
 // Window returns the window (windowMs, index), or nil.
 func (s *Series) Window(windowMs, index int64) *Window {
@@ -311,8 +343,8 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 		}
 		i--
 	}
-	if s.Windows == nil {
-		s.Windows = s.one[:0]
+	if s.Windows == nil && !s.hasLeases {
+		s.Windows = s.inPlace()[:0]
 	}
 	s.Windows = append(s.Windows, nil)
 	copy(s.Windows[i+1:], s.Windows[i:])

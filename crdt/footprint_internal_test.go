@@ -104,13 +104,14 @@ func footprintOf(c *Container) footprint {
 		r.Each(func(s *Series) {
 			f.series += allocSize(int(unsafe.Sizeof(*s)))
 			f.keys += allocSize(len(s.Key))
-			if unsafe.SliceData(s.Windows) != &s.one[0] {
+			if !s.windowsInPlace() {
 				f.winSlices += allocSize(cap(s.Windows) * int(unsafe.Sizeof(s)))
 			}
-			if s.leases != nil {
-				f.series += allocSize(int(unsafe.Sizeof(*s.leases)))
-				counter(&s.leases.P)
-				counter(&s.leases.N)
+			if s.HasLeases() {
+				l := s.Leases()
+				f.series += allocSize(int(unsafe.Sizeof(*l)))
+				counter(&l.P)
+				counter(&l.N)
 			}
 			for _, w := range s.Windows {
 				f.windows += allocSize(int(unsafe.Sizeof(*w)))
