@@ -58,12 +58,12 @@ const (
 // its length and representation packed in one word (shape), where a
 // slice's header alone would take 24.
 type GCounter struct {
-	// p points to the counter's bytes, or is nil. Dense: its array of
-	// little-endian cells, SlotID i's value in cell i*step (the second
-	// counter of an interleaved pair points one cell into the array the
-	// two share). Sparse: the records of two slots or more, sorted by
-	// SlotID, with room for recCap of them; nil for one slot (whose value
-	// is total and SlotID n) or none.
+	// p points to the counter's bytes. Dense: its array of little-endian
+	// cells, SlotID i's value in cell i*step (the second counter of an
+	// interleaved pair points one cell into the array the two share).
+	// Sparse: the records of two slots or more, sorted by SlotID, with
+	// room for recCap of them. It is nil exactly when the counter holds
+	// one slot (whose value is total and SlotID n) or none.
 	p     unsafe.Pointer
 	total uint64
 	// n is, dense, the non-zero slots; sparse, the records, or with none
@@ -306,21 +306,21 @@ func (g *GCounter) Get(id SlotID) uint64 { return g.get(id) }
 // into its callers (the limiter's decision path reads the owner's slot
 // several times a decision), as it did when it only called find.
 func (g *GCounter) get(id SlotID) uint64 {
-	if w := g.width(); w != 0 {
-		if c := int(id) * g.step(); c < g.cells() {
-			return loadAt(g.p, w, c)
-		}
-		return 0
-	}
-	if g.p == nil {
+	if g.p == nil { // one slot or none, in place (an array or records has p)
 		if g.total != 0 && SlotID(g.n) == id {
 			return g.total
 		}
 		return 0
 	}
-	d := g.recs()
-	if i, ok := find(d, id); ok {
-		return recVal(d, i)
+	if g.m&widthBits == 0 {
+		d := g.recs()
+		if i, ok := find(d, id); ok {
+			return recVal(d, i)
+		}
+		return 0
+	}
+	if c := int(id) * g.step(); c < g.cells() {
+		return loadAt(g.p, g.width(), c)
 	}
 	return 0
 }
@@ -597,33 +597,34 @@ func (g *GCounter) Add(id SlotID, d uint64) {
 	// The slot present (the owner's, on every decision after its first):
 	// find it here and add in place, where Raise(id, Get(id)+d) would
 	// look for it twice.
-	if w := g.width(); w != 0 {
-		if c := int(id) * g.step(); c < g.cells() {
-			old := loadAt(g.p, w, c)
-			if nv := satAdd(old, d); nv <= cellMax(w) {
-				storeAt(g.p, w, c, nv)
-				g.n += uint32(b2i(old == 0))
-				g.total = satAdd(g.total, nv-old)
-				return
-			}
-		}
-	} else if g.p == nil {
+	if g.p == nil { // one slot or none, in place (an array or records has p)
 		if g.total == 0 || SlotID(g.n) == id { // none yet, or the one slot
 			g.n, g.total = uint32(id), satAdd(g.total, d)
 			return
 		}
-	} else if g.n <= 8 {
-		recs := g.recs()
-		for i := range int(g.n) {
-			if got := recID(recs, i); got == id {
-				old := recVal(recs, i)
-				nv := satAdd(old, d)
-				setRecVal(recs, i, nv)
-				g.total = satAdd(g.total, nv-old)
-				return
-			} else if got > id {
-				break
+	} else if g.m&widthBits == 0 {
+		if g.n <= 8 {
+			recs := g.recs()
+			for i := range int(g.n) {
+				if got := recID(recs, i); got == id {
+					old := recVal(recs, i)
+					nv := satAdd(old, d)
+					setRecVal(recs, i, nv)
+					g.total = satAdd(g.total, nv-old)
+					return
+				} else if got > id {
+					break
+				}
 			}
+		}
+	} else if c := int(id) * g.step(); c < g.cells() {
+		w := g.width()
+		old := loadAt(g.p, w, c)
+		if nv := satAdd(old, d); nv <= cellMax(w) {
+			storeAt(g.p, w, c, nv)
+			g.n += uint32(b2i(old == 0))
+			g.total = satAdd(g.total, nv-old)
+			return
 		}
 	}
 	g.Raise(id, satAdd(g.Get(id), d))
