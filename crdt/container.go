@@ -284,7 +284,7 @@ func (s *Series) Leases() *LeaseCounts {
 
 // EnsureLeases returns the series' lease counter, making it if needed.
 // Only a concurrency rule's keys need one: the others keep none, and the
-// 72 bytes a counter takes.
+// 56 bytes a counter takes.
 func (s *Series) EnsureLeases() *LeaseCounts {
 	if !s.hasLeases {
 		if s.windowsInPlace() {
