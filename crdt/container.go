@@ -113,10 +113,10 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 	if (a.paired() || t.paired()) && w.repair(id, admitted, attempted) {
 		return w.Raise(id, admitted, attempted)
 	}
-	if h := w.hintAdm(); !a.dense() && admitted != 0 && int(id) < h {
+	if h := w.hintAdm(); !a.dense() && admitted != 0 && int(id) < h && a.maxID() < maxDenseID {
 		a.toDense(h)
 	}
-	if h := w.hintAtt(); !t.dense() && attempted != 0 && int(id) < h {
+	if h := w.hintAtt(); !t.dense() && attempted != 0 && int(id) < h && t.maxID() < maxDenseID {
 		t.toDense(h)
 	}
 	// Raising to 0 never changes a counter: most slots of a limited key
@@ -145,9 +145,13 @@ func (w *Window) Touch(id SlotID) byte {
 // so, or this raise would make either dense on its own. Pairing them when
 // the first goes dense costs the other's array early, but a key that many
 // members attempt is one that many are admitted to, and the pair is one
-// cache miss per merge instead of two.
+// cache miss per merge instead of two. Neither may hold a slot an array
+// cannot cover (maxDenseID).
 func (w *Window) shouldPair(id SlotID, admitted, attempted uint64) bool {
 	a, t := &w.Admitted, &w.Attempted
+	if max(int(id), a.maxID(), t.maxID()) >= maxDenseID {
+		return false
+	}
 	return int(id) < w.hintPair() || a.wouldDense(id, admitted) || t.wouldDense(id, attempted)
 }
 

@@ -182,7 +182,12 @@ func (g *GCounter) recs() []byte {
 // setDense makes the counter dense: the cells of width w of d (every
 // other one of them if paired), n of them non-zero. It keeps the mark.
 func (g *GCounter) setDense(d []byte, w uint8, paired bool, n int) {
-	m := g.m&markBit | shape(len(d)/int(w))<<cellShift | shape(bits.TrailingZeros8(w)+1)
+	cells := len(d) / int(w)
+	if cells > maxCells {
+		// Every caller covers SlotIDs below maxDenseID only.
+		panic("crdt: a counter's array of more than maxCells cells")
+	}
+	m := g.m&markBit | shape(cells)<<cellShift | shape(bits.TrailingZeros8(w)+1)
 	if paired {
 		m |= pairBit
 	}

@@ -298,3 +298,31 @@ func TestWindowHintsAndMarks(t *testing.T) {
 		t.Fatalf("window 11: dense %v, paired %v over %d SlotIDs", w11.Admitted.dense(), w11.Admitted.paired(), w11.Admitted.ids())
 	}
 }
+
+// TestWindowFarSlots checks that a window whose counters hold a slot no
+// array can cover (maxDenseID or beyond) keeps them in records, whatever
+// the hints of the window before it and however many slots come.
+func TestWindowFarSlots(t *testing.T) {
+	s := NewContainer().Rule("r").Ensure("k")
+	w5 := s.EnsureWindow(1000, 5)
+	for id := range SlotID(100) {
+		w5.Raise(id, 1, 1)
+	}
+	w6 := s.EnsureWindow(1000, 6)
+	far := SlotID(maxDenseID + 7)
+	w6.Raise(far, 3, 4)
+	w6.Admitted.Raise(far+1, 5)
+	want := map[SlotID][2]uint64{far: {3, 4}, far + 1: {5, 0}}
+	for id := range SlotID(40) {
+		w6.Raise(id, 1, 2) // below the hint, then past denseMin slots
+		want[id] = [2]uint64{1, 2}
+	}
+	if w6.Admitted.dense() || w6.Attempted.dense() {
+		t.Fatalf("dense %v, %v; want records", w6.Admitted.dense(), w6.Attempted.dense())
+	}
+	for id, v := range want {
+		if w6.Admitted.Get(id) != v[0] || w6.Attempted.Get(id) != v[1] {
+			t.Fatalf("slot %d: %d, %d; want %d, %d", id, w6.Admitted.Get(id), w6.Attempted.Get(id), v[0], v[1])
+		}
+	}
+}
