@@ -1,28 +1,25 @@
 package crdt
 
-import "math"
+import (
+	"math"
+	"unsafe"
+)
 
 // Window holds the counters of one (rule, key, window_ms, window index): the
 // admitted credits and the attempted credits (admitted plus rejected, the
 // demand signal), one value per slot each.
 //
-// A window is 128 bytes, a size class whose objects start on a cache
-// line: a merge reads WindowMs, Index and Admitted from the first line and
-// Attempted from the second (TestWindowLayout). A window written by one
-// member holds its counters in those 128 bytes and nothing else.
+// A window is 80 bytes (TestCounterLayout). What a merge reads —
+// WindowMs, Index and both counters — is its first 64 bytes. A window
+// written by one member holds its counters in those bytes and nothing
+// else. The window's own bookkeeping is in its counters' spare bits: the
+// dirty mark (Dirty) is the admitted counter's mark bit, the repair mark
+// (Queue) the attempted counter's, and the size hints (hint) the shape of
+// a counter that is still sparse.
 type Window struct {
-	WindowMs int64    // the window length in milliseconds; part of the identity
-	Index    int64    // floor(mesh_ms / WindowMs)
-	Admitted GCounter // admitted credits per slot
-
-	// Sizes (in SlotIDs) of the arrays the window before this one (same
-	// length) held when this one was created: a key that many writers
-	// wrote keeps them, so this window's counters start as arrays that
-	// size, interleaved if the window before had them interleaved.
-	hintPair int32
-	dirty    bool
-	queued   bool // owner-side, never replicated: see Queue
-
+	WindowMs  int64    // the window length in milliseconds; part of the identity
+	Index     int64    // floor(mesh_ms / WindowMs)
+	Admitted  GCounter // admitted credits per slot
 	Attempted GCounter // attempted credits per slot (≥ admitted)
 
 	// Acked is owner-side bookkeeping, never replicated: the owner's own
@@ -31,28 +28,65 @@ type Window struct {
 	// seen yet.
 	Acked uint64
 
-	series           *Series
-	hintAdm, hintAtt int32 // as hintPair, for each counter alone
+	series *Series
 }
 
 // Queue marks w as queued in its owner's repair set (package node's
 // outbox) and reports whether it was not queued already. Like Acked, the
 // mark is the owner's bookkeeping and is never replicated; it costs the
-// window no space (it fills padding).
+// window no space (it is a spare bit of the attempted counter's shape).
 func (w *Window) Queue() bool {
-	if w.queued {
+	if w.Attempted.m&markBit != 0 {
 		return false
 	}
-	w.queued = true
+	w.Attempted.m |= markBit
 	return true
 }
 
 // Unqueue clears the mark Queue set.
-func (w *Window) Unqueue() { w.queued = false }
+func (w *Window) Unqueue() { w.Attempted.m &^= markBit }
 
 // Dirty reports whether w is marked dirty (Container.MarkDirty) and not
 // yet taken (TakeDirty).
-func (w *Window) Dirty() bool { return w.dirty }
+func (w *Window) Dirty() bool { return w.Admitted.m&markBit != 0 }
+
+// setDirty sets or clears the dirty mark, a spare bit of the admitted
+// counter's shape.
+func (w *Window) setDirty(on bool) {
+	if on {
+		w.Admitted.m |= markBit
+	} else {
+		w.Admitted.m &^= markBit
+	}
+}
+
+// Sizes (in SlotIDs) of the arrays the window before this one (same
+// length) held when this one was created: a key that many writers wrote
+// keeps them, so this window's counters start as arrays that size,
+// interleaved if the window before had them interleaved. They are kept
+// in the shape of a sparse counter (GCounter.hint) and lost when it goes
+// dense, as they are then spent.
+
+// hintPair returns the size the counters are to be interleaved at, or 0.
+func (w *Window) hintPair() int {
+	if a := &w.Admitted; a.pairHint() {
+		return a.hint()
+	}
+	return 0
+}
+
+// hintAdm returns the size the admitted counter alone is to go dense at,
+// or 0.
+func (w *Window) hintAdm() int {
+	if a := &w.Admitted; !a.pairHint() {
+		return a.hint()
+	}
+	return 0
+}
+
+// hintAtt returns the size the attempted counter alone is to go dense at,
+// or 0.
+func (w *Window) hintAtt() int { return w.Attempted.hint() }
 
 // Raise merges one slot's admitted and attempted values, exactly as
 // Admitted.Raise(id, admitted) and Attempted.Raise(id, attempted) would,
@@ -61,24 +95,29 @@ func (w *Window) Dirty() bool { return w.dirty }
 // place in memory instead of two.
 func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 	a, t := &w.Admitted, &w.Attempted
-	if a.step == 2 && t.step == 2 && a.w == 1 && t.w == 1 {
-		// Interleaved one-byte cells: SlotID i's pair is a.d[2i], t.d[2i].
-		if c := 2 * int(id); c < len(a.d) && c < len(t.d) && admitted <= math.MaxUint8 && attempted <= math.MaxUint8 {
-			ga := a.raise8(&a.d[c], admitted)
-			gt := t.raise8(&t.d[c], attempted)
+	const pairOf1 = pairBit | 1
+	if a.m&(pairBit|widthBits) == pairOf1 && t.m&(pairBit|widthBits) == pairOf1 {
+		// Interleaved one-byte cells: SlotID i's pair is cell 2i of each
+		// (t's cells start one byte on).
+		if c := 2 * int(id); c < a.cells() && c < t.cells() && admitted <= math.MaxUint8 && attempted <= math.MaxUint8 {
+			ga := a.raise8((*uint8)(unsafe.Add(a.p, c)), admitted)
+			gt := t.raise8((*uint8)(unsafe.Add(t.p, c)), attempted)
 			return ga || gt
 		}
 	} else if !a.dense() && !t.dense() && (admitted|attempted) != 0 {
 		if w.shouldPair(id, admitted, attempted) {
-			pair(a, t, int(w.hintPair))
+			pair(a, t, w.hintPair(), 1)
 			return w.Raise(id, admitted, attempted)
 		}
 	}
-	if !a.dense() && admitted != 0 && int(id) < int(w.hintAdm) {
-		a.toDense(int(w.hintAdm))
+	if (a.paired() || t.paired()) && w.repair(id, admitted, attempted) {
+		return w.Raise(id, admitted, attempted)
 	}
-	if !t.dense() && attempted != 0 && int(id) < int(w.hintAtt) {
-		t.toDense(int(w.hintAtt))
+	if h := w.hintAdm(); !a.dense() && admitted != 0 && int(id) < h && a.maxID() < maxDenseID {
+		a.toDense(h)
+	}
+	if h := w.hintAtt(); !t.dense() && attempted != 0 && int(id) < h && t.maxID() < maxDenseID {
+		t.toDense(h)
 	}
 	// Raising to 0 never changes a counter: most slots of a limited key
 	// attempt and are not admitted, so skip the admitted search then.
@@ -95,8 +134,8 @@ func (w *Window) Raise(id SlotID, admitted, attempted uint64) bool {
 // time rather than the few a loop of raises overlaps (node.Core.StepMany).
 func (w *Window) Touch(id SlotID) byte {
 	a := &w.Admitted
-	if c := int(id) * int(a.step) * int(a.w); a.w != 0 && c < len(a.d) {
-		return a.d[c]
+	if c := int(id) * a.step(); a.dense() && c < a.cells() {
+		return *(*byte)(unsafe.Add(a.p, c*int(a.width())))
 	}
 	return 0
 }
@@ -106,10 +145,63 @@ func (w *Window) Touch(id SlotID) byte {
 // so, or this raise would make either dense on its own. Pairing them when
 // the first goes dense costs the other's array early, but a key that many
 // members attempt is one that many are admitted to, and the pair is one
-// cache miss per merge instead of two.
+// cache miss per merge instead of two. Neither may hold a slot an array
+// cannot cover (maxDenseID).
 func (w *Window) shouldPair(id SlotID, admitted, attempted uint64) bool {
 	a, t := &w.Admitted, &w.Attempted
-	return int(id) < int(w.hintPair) || a.wouldDense(id, admitted) || t.wouldDense(id, attempted)
+	if max(int(id), a.maxID(), t.maxID()) >= maxDenseID {
+		return false
+	}
+	return int(id) < w.hintPair() || a.wouldDense(id, admitted) || t.wouldDense(id, attempted)
+}
+
+// repair keeps the window's counters in one interleaved array when a raise
+// does not fit the array they share — the slot lies beyond it, or a value
+// is wider than its cells — or when one of them left it (GCounter.Raise
+// or Add, which know nothing of the other, grew it alone): it moves both
+// into a new interleaved array that fits, and reports whether it did.
+// Growing each alone would leave two arrays, a cache miss each on every
+// merge, and the bytes of two allocations (at three writers, two 3-byte
+// arrays of 8 bytes each instead of one). A slot too far for an array
+// (raiseDense) is left to the counters' own raises, which go sparse.
+func (w *Window) repair(id SlotID, admitted, attempted uint64) bool {
+	a, t := &w.Admitted, &w.Attempted
+	if !a.dense() || !t.dense() {
+		return false
+	}
+	fits := func(g *GCounter, v uint64) bool {
+		return v == 0 || (int(id)*g.step() < g.cells() && v <= cellMax(g.width()))
+	}
+	if a.paired() && t.paired() && fits(a, admitted) && fits(t, attempted) {
+		return false
+	}
+	size := max(a.ids(), t.ids())
+	if int(id) >= size {
+		if tooFar(id, max(a.n, t.n)) {
+			return false
+		}
+		size = arraySize(int(id) + 1)
+	}
+	w8 := max(widthFor(admitted), widthFor(attempted))
+	if !a.paired() || !t.paired() {
+		pair(a, t, size, w8)
+		return true
+	}
+	// Still one array: copy its cells, a's and t's alike, into the new
+	// one (a's array starts at the first cell, t's at the second).
+	ow := a.width()
+	w8 = max(w8, ow)
+	d := make([]byte, 2*size*int(w8))
+	if w8 == ow {
+		copy(d, a.array())
+	} else {
+		for c := range a.cells() {
+			store(d, w8, c, loadAt(a.p, ow, c))
+		}
+	}
+	a.setDense(d, w8, true, int(a.n))
+	t.setDense(d[w8:], w8, true, int(t.n))
+	return true
 }
 
 // Series returns the key the window belongs to.
@@ -133,31 +225,43 @@ func (w *Window) CollectAt() int64 { return (w.Index + 2) * w.WindowMs }
 // Series is everything held for one (rule, key): its windows, ascending by
 // (WindowMs, Index), and for concurrency rules its lease counter. A series
 // is used through its pointer, never copied: Windows may point into it.
+//
+// A series is 64 bytes (TestSeriesLayout): when Collect is due to look at
+// it again follows from its windows (due), and its first window's pointer
+// and its lease counter share one word (one).
 type Series struct {
 	Key     string
 	Windows []*Window
-	// leases is the lease counter of a concurrency rule's key, nil for
-	// every other key (most): see Leases and EnsureLeases.
-	leases *LeaseCounts
 
-	rule        *RuleSet
-	leasesDirty bool
-	// where the series waits for Collect, and due in which bucket
-	// (expiry.go); where and charge share leasesDirty's word, so the
-	// series stays in the 80-byte size class (TestSeriesLayout).
-	where uint8
+	rule *RuleSet
+	// one is, for a series with no lease counter (most), its first
+	// window's pointer, as Windows' array while it has room: a key
+	// touched in one window needs no array of its own, and a second
+	// window moves Windows to an array of its own. For a series with a
+	// lease counter (hasLeases), it is the *LeaseCounts, and Windows
+	// always has an array of its own. See windowsInPlace, Leases.
+	one unsafe.Pointer
 	// charge is who made the series (EnsureCharged): 0, this member
 	// itself (a decision, the disk), or a peer's charge (NewCharge).
 	charge uint32
-	due    int64
-	// one holds the series' first window, as Windows' array while it has
-	// room: a key touched in one window (most keys) needs no array of its
-	// own. A second window moves Windows to an array of its own.
-	one [1]*Window
+	// where the series waits for Collect (expiry.go).
+	where       uint8
+	leasesDirty bool
+	hasLeases   bool
 }
 
 // Rule returns the rule set the series belongs to.
 func (s *Series) Rule() *RuleSet { return s.rule }
+
+// inPlace returns the array of one window held in s.one, for Windows.
+func (s *Series) inPlace() []*Window {
+	return unsafe.Slice((**Window)(unsafe.Pointer(&s.one)), 1)
+}
+
+// windowsInPlace reports whether Windows' array is s.one.
+func (s *Series) windowsInPlace() bool {
+	return cap(s.Windows) > 0 && unsafe.SliceData(s.Windows) == (**Window)(unsafe.Pointer(&s.one))
+}
 
 // LeaseCounts is a key's lease counter: the leases acquired (P) and
 // released (N) in each slot, and the owner's acknowledged net.
@@ -176,24 +280,44 @@ var noLeases LeaseCounts
 // when the series has none (a windowed rule's never has). Write through
 // EnsureLeases.
 func (s *Series) Leases() *LeaseCounts {
-	if s.leases == nil {
+	if !s.hasLeases {
 		return &noLeases
 	}
-	return s.leases
+	return (*LeaseCounts)(s.one)
 }
 
 // EnsureLeases returns the series' lease counter, making it if needed.
-// Only a concurrency rule's keys need one: the others keep the pointer
-// nil and the 88 bytes a counter takes.
+// Only a concurrency rule's keys need one: the others keep none, and the
+// 56 bytes a counter takes.
 func (s *Series) EnsureLeases() *LeaseCounts {
-	if s.leases == nil {
-		s.leases = new(LeaseCounts)
+	if !s.hasLeases {
+		if s.windowsInPlace() {
+			// The word goes to the lease counter: the window to an
+			// array of its own.
+			s.Windows = append([]*Window(nil), s.Windows...)
+		}
+		s.one, s.hasLeases = unsafe.Pointer(new(LeaseCounts)), true
 	}
-	return s.leases
+	return (*LeaseCounts)(s.one)
 }
 
 // HasLeases reports whether the series has a lease counter.
-func (s *Series) HasLeases() bool { return s.leases != nil }
+func (s *Series) HasLeases() bool { return s.hasLeases }
+
+// due returns the earliest CollectAt of the series' windows but skip, or
+// the largest int64 when there is none. A series waiting in a bucket of
+// the expiry queue (inBucket) waits in the bucket of its due(nil): every
+// push there is at that time, and nothing but a push or Collect changes
+// the windows' earliest CollectAt (queueWindow).
+func (s *Series) due(skip *Window) int64 {
+	due := int64(math.MaxInt64)
+	for _, w := range s.Windows {
+		if w != skip {
+			due = min(due, w.CollectAt())
+		}
+	}
+	return due
+}
 
 // Window returns the window (windowMs, index), or nil.
 func (s *Series) Window(windowMs, index int64) *Window {
@@ -223,8 +347,8 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 		}
 		i--
 	}
-	if s.Windows == nil {
-		s.Windows = s.one[:0]
+	if s.Windows == nil && !s.hasLeases {
+		s.Windows = s.inPlace()[:0]
 	}
 	s.Windows = append(s.Windows, nil)
 	copy(s.Windows[i+1:], s.Windows[i:])
@@ -236,16 +360,15 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 
 // hint sizes w's counters after p's, the window before it.
 func (w *Window) hint(p *Window) {
-	const most = 1 << 30
-	if p.Admitted.step == 2 && p.Attempted.step == 2 {
-		w.hintPair = int32(min(p.Attempted.ids(), most))
+	if p.Admitted.paired() && p.Attempted.paired() {
+		w.Admitted.setHint(p.Attempted.ids(), true)
 		return
 	}
 	if p.Admitted.dense() {
-		w.hintAdm = int32(min(p.Admitted.ids(), most))
+		w.Admitted.setHint(p.Admitted.ids(), false)
 	}
 	if p.Attempted.dense() {
-		w.hintAtt = int32(min(p.Attempted.ids(), most))
+		w.Attempted.setHint(p.Attempted.ids(), false)
 	}
 }
 
@@ -390,8 +513,8 @@ func (c *Container) Rules() []string {
 // MarkDirty records that the owner's slot in w changed and must be
 // published. Marking twice before TakeDirty records it once.
 func (c *Container) MarkDirty(w *Window) {
-	if !w.dirty {
-		w.dirty = true
+	if !w.Dirty() {
+		w.setDirty(true)
 		c.dirtyWin = append(c.dirtyWin, w)
 	}
 }
@@ -409,7 +532,7 @@ func (c *Container) MarkLeasesDirty(s *Series) {
 func (c *Container) TakeDirty() ([]*Window, []*Series) {
 	ws, ls := c.dirtyWin, c.dirtyLeases
 	for _, w := range ws {
-		w.dirty = false
+		w.setDirty(false)
 	}
 	for _, s := range ls {
 		s.leasesDirty = false

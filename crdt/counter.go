@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/bits"
+	"unsafe"
 )
 
 // rec is the size of one slot of a sparse counter's records: its SlotID
@@ -25,6 +26,11 @@ const (
 	// most 2.7 to 21× the memory),
 	// and goes back to sorted when a raise would grow it past twice that.
 	denseSpan = 32
+	// maxDenseID bounds the SlotIDs an array covers: a counter with a
+	// slot at or beyond it keeps records, so that an array's cells (twice
+	// its SlotIDs, interleaved) always fit its shape. A replica would
+	// have interned 33 million slots first.
+	maxDenseID = 1 << 25
 )
 
 // GCounter is a grow-only counter: one non-decreasing value per slot, merged
@@ -35,7 +41,7 @@ const (
 // array at all: a key touched by one member, the common case, costs its
 // windows no allocation for their counters. A counter with a few writers
 // keeps its slots in records sorted by SlotID, 12 bytes each, in one byte
-// slice. Once it has many writers and their SlotIDs are dense enough (SlotIDs are
+// array. Once it has many writers and their SlotIDs are dense enough (SlotIDs are
 // a replica's interned indices, small and dense), it keeps its values in an
 // array indexed by SlotID instead, so that a merge at a thousand writers is
 // one memory access, not a binary search and an insertion. The array's
@@ -48,19 +54,50 @@ const (
 //
 // The zero value is an empty counter, ready to use.
 //
-// A counter is 40 bytes, so a Window's two counters each sit in one cache
-// line (Window).
+// A counter is 24 bytes (TestCounterLayout): its array is a bare pointer,
+// its length and representation packed in one word (shape), where a
+// slice's header alone would take 24.
 type GCounter struct {
-	// d is, when dense, the array: little-endian cells of w bytes, SlotID
-	// i's value in cell i*step. When sparse, it is empty for no slot or
-	// one (whose value is total and SlotID n), else the records of two
-	// slots or more, sorted by SlotID (rec bytes each).
-	d     []byte
+	// p points to the counter's bytes. Dense: its array of little-endian
+	// cells, SlotID i's value in cell i*step (the second counter of an
+	// interleaved pair points one cell into the array the two share).
+	// Sparse: the records of two slots or more, sorted by SlotID, with
+	// room for recCap of them. It is nil exactly when the counter holds
+	// one slot (whose value is total and SlotID n) or none.
+	p     unsafe.Pointer
 	total uint64
-	n     uint32 // dense: non-zero slots; sparse with one slot: its SlotID (SlotIDs are uint32: neither overflows)
-	w     uint8  // dense: cell width in bytes, 1, 2, 4 or 8 (0 when sparse)
-	step  uint8  // dense: 1, or 2 when interleaved with the window's other counter
+	// n is, dense, the non-zero slots; sparse, the records, or with none
+	// the one slot's SlotID (SlotIDs are uint32: none of them overflows).
+	n uint32
+	m shape
 }
+
+// shape packs a counter's representation into one word:
+//
+//	bits 0–2   cell width: 0 sparse, else 1, 2, 3 or 4 for cells of 1,
+//	           2, 4 or 8 bytes
+//	bit 3      dense: interleaved with the window's other counter, every
+//	           other cell this one's (step 2); sparse: the hint is for
+//	           the pair (pairHint)
+//	bit 4      a mark the counter keeps for its holder and never reads
+//	           (Window.Dirty, Window.Queue)
+//	bits 5–31  dense: the cells from p (at most maxCells); sparse: the
+//	           size hint its holder gave it (hint)
+type shape uint32
+
+const (
+	widthBits shape = 7
+	pairBit   shape = 1 << 3
+	markBit   shape = 1 << 4
+	cellShift       = 5
+	maxCells        = 1<<(32-cellShift) - 1
+)
+
+// recCap returns how many records the records of a sparse counter of n
+// slots have room for: the next power of two, at least 2. The room
+// follows from n, so a counter need not keep it: records of 2, 4, 8, …
+// slots take 24, 48, 96, … bytes, each an allocation size class.
+func recCap(n int) int { return 1 << bits.Len(uint(max(n, 2)-1)) }
 
 // recID returns the SlotID of record i of a sparse counter's records d.
 func recID(d []byte, i int) SlotID { return SlotID(binary.LittleEndian.Uint32(d[rec*i:])) }
@@ -68,14 +105,14 @@ func recID(d []byte, i int) SlotID { return SlotID(binary.LittleEndian.Uint32(d[
 // recVal returns the value of record i.
 func recVal(d []byte, i int) uint64 { return binary.LittleEndian.Uint64(d[rec*i+4:]) }
 
+// setRec sets record i.
+func setRec(d []byte, i int, id SlotID, v uint64) {
+	binary.LittleEndian.PutUint32(d[rec*i:], uint32(id))
+	setRecVal(d, i, v)
+}
+
 // setRecVal sets the value of record i.
 func setRecVal(d []byte, i int, v uint64) { binary.LittleEndian.PutUint64(d[rec*i+4:], v) }
-
-// appendRec appends a record.
-func appendRec(d []byte, id SlotID, v uint64) []byte {
-	d = binary.LittleEndian.AppendUint32(d, uint32(id))
-	return binary.LittleEndian.AppendUint64(d, v)
-}
 
 // find returns where id is, or would go, among a sparse counter's records
 // d, and whether it is there.
@@ -104,13 +141,96 @@ func find(d []byte, id SlotID) (int, bool) {
 }
 
 // dense reports whether the counter holds an array by SlotID.
-func (g *GCounter) dense() bool { return g.w != 0 }
+func (g *GCounter) dense() bool { return g.m&widthBits != 0 }
 
-// cells returns how many cells a dense counter's array holds.
-func (g *GCounter) cells() int { return len(g.d) / int(g.w) }
+// width returns a dense counter's cell width in bytes (0 when sparse).
+func (g *GCounter) width() uint8 {
+	if c := g.m & widthBits; c != 0 {
+		return 1 << (c - 1)
+	}
+	return 0
+}
+
+// step returns the cells from one SlotID's cell to the next's in a dense
+// counter's array: 2 when interleaved, else 1.
+func (g *GCounter) step() int { return 1 + int(g.m>>3&1) }
+
+// paired reports whether the counter is dense and interleaved with
+// another.
+func (g *GCounter) paired() bool { return g.m&pairBit != 0 && g.dense() }
+
+// cells returns how many cells a dense counter's array holds from p.
+func (g *GCounter) cells() int { return int(g.m >> cellShift) }
 
 // ids returns how many SlotIDs a dense counter's array covers.
-func (g *GCounter) ids() int { return (g.cells() + int(g.step) - 1) / int(g.step) }
+func (g *GCounter) ids() int { return (g.cells() + g.step() - 1) / g.step() }
+
+// array returns a dense counter's cells as bytes.
+func (g *GCounter) array() []byte {
+	return unsafe.Slice((*byte)(g.p), g.cells()*int(g.width()))
+}
+
+// recs returns a sparse counter's records, with their room as capacity
+// (nil when it holds none).
+func (g *GCounter) recs() []byte {
+	if g.p == nil {
+		return nil
+	}
+	return unsafe.Slice((*byte)(g.p), recCap(int(g.n))*rec)[:rec*int(g.n)]
+}
+
+// setDense makes the counter dense: the cells of width w of d (every
+// other one of them if paired), n of them non-zero. It keeps the mark.
+func (g *GCounter) setDense(d []byte, w uint8, paired bool, n int) {
+	cells := len(d) / int(w)
+	if cells > maxCells {
+		// Every caller covers SlotIDs below maxDenseID only.
+		panic("crdt: a counter's array of more than maxCells cells")
+	}
+	m := g.m&markBit | shape(cells)<<cellShift | shape(bits.TrailingZeros8(w)+1)
+	if paired {
+		m |= pairBit
+	}
+	g.p, g.n, g.m = unsafe.Pointer(unsafe.SliceData(d)), uint32(n), m
+}
+
+// setSparse makes the counter sparse: the records d (made with room for
+// recCap of them), or with none, the one slot id (whose value is total)
+// or none. It keeps the mark, and the hint of a counter that was sparse.
+func (g *GCounter) setSparse(d []byte, id SlotID) {
+	if g.dense() {
+		g.m &= markBit
+	}
+	if len(d) == 0 {
+		g.p, g.n = nil, uint32(id)
+		return
+	}
+	g.p, g.n = unsafe.Pointer(unsafe.SliceData(d)), uint32(len(d)/rec)
+}
+
+// hint returns the size hint of a sparse counter, in SlotIDs (0 when
+// dense or none): the size of the array the counter is to go dense at
+// (Window.Raise), which its holder set (setHint) and going dense spends.
+func (g *GCounter) hint() int {
+	if g.dense() {
+		return 0
+	}
+	return int(g.m >> cellShift)
+}
+
+// pairHint reports whether a sparse counter's hint is for an interleaved
+// pair.
+func (g *GCounter) pairHint() bool { return !g.dense() && g.m&pairBit != 0 }
+
+// setHint sets a sparse counter's size hint to size SlotIDs (at most
+// maxCells), for a pair or for the counter alone.
+func (g *GCounter) setHint(size int, forPair bool) {
+	m := g.m&(widthBits|markBit) | shape(min(size, maxCells))<<cellShift
+	if forPair {
+		m |= pairBit
+	}
+	g.m = m
+}
 
 // widthFor returns the narrowest cell width that holds v.
 func widthFor(v uint64) uint8 {
@@ -155,6 +275,35 @@ func store(d []byte, w uint8, c int, v uint64) {
 	}
 }
 
+// loadAt returns cell c of the array of width w at p; the caller has
+// checked that the array holds it.
+func loadAt(p unsafe.Pointer, w uint8, c int) uint64 {
+	switch w {
+	case 1:
+		return uint64(*(*uint8)(unsafe.Add(p, c)))
+	case 2:
+		return uint64(binary.LittleEndian.Uint16((*[2]byte)(unsafe.Add(p, 2*c))[:]))
+	case 4:
+		return uint64(binary.LittleEndian.Uint32((*[4]byte)(unsafe.Add(p, 4*c))[:]))
+	}
+	return binary.LittleEndian.Uint64((*[8]byte)(unsafe.Add(p, 8*c))[:])
+}
+
+// storeAt sets cell c of the array of width w at p to v (which fits); the
+// caller has checked that the array holds it.
+func storeAt(p unsafe.Pointer, w uint8, c int, v uint64) {
+	switch w {
+	case 1:
+		*(*uint8)(unsafe.Add(p, c)) = uint8(v)
+	case 2:
+		binary.LittleEndian.PutUint16((*[2]byte)(unsafe.Add(p, 2*c))[:], uint16(v))
+	case 4:
+		binary.LittleEndian.PutUint32((*[4]byte)(unsafe.Add(p, 4*c))[:], uint32(v))
+	default:
+		binary.LittleEndian.PutUint64((*[8]byte)(unsafe.Add(p, 8*c))[:], v)
+	}
+}
+
 // Get returns the value of one slot (0 if it never wrote).
 func (g *GCounter) Get(id SlotID) uint64 { return g.get(id) }
 
@@ -162,20 +311,21 @@ func (g *GCounter) Get(id SlotID) uint64 { return g.get(id) }
 // into its callers (the limiter's decision path reads the owner's slot
 // several times a decision), as it did when it only called find.
 func (g *GCounter) get(id SlotID) uint64 {
-	if g.w != 0 {
-		if c := int(id) * int(g.step); c < g.cells() {
-			return load(g.d, g.w, c)
-		}
-		return 0
-	}
-	if len(g.d) == 0 {
+	if g.p == nil { // one slot or none, in place (an array or records has p)
 		if g.total != 0 && SlotID(g.n) == id {
 			return g.total
 		}
 		return 0
 	}
-	if i, ok := find(g.d, id); ok {
-		return recVal(g.d, i)
+	if g.m&widthBits == 0 {
+		d := g.recs()
+		if i, ok := find(d, id); ok {
+			return recVal(d, i)
+		}
+		return 0
+	}
+	if c := int(id) * g.step(); c < g.cells() {
+		return loadAt(g.p, g.width(), c)
 	}
 	return 0
 }
@@ -183,20 +333,21 @@ func (g *GCounter) get(id SlotID) uint64 {
 // Raise merges one slot's value: the slot becomes max(current, v). It
 // reports whether the value grew.
 func (g *GCounter) Raise(id SlotID, v uint64) bool {
-	if g.w == 1 {
+	m := g.m
+	if m&widthBits == 1 {
 		// The common dense case, by hand: one byte per cell.
-		if c := int(id) * int(g.step); c < len(g.d) && v <= math.MaxUint8 {
-			return g.raise8(&g.d[c], v)
+		if c := int(id) << (m >> 3 & 1); c < int(m>>cellShift) && v <= math.MaxUint8 {
+			return g.raise8((*uint8)(unsafe.Add(g.p, c)), v)
 		}
 		return g.raiseDense(id, v)
 	}
-	if g.w != 0 {
-		if c := int(id) * int(g.step); c < g.cells() && v <= cellMax(g.w) {
+	if m&widthBits != 0 {
+		if c := int(id) * g.step(); c < g.cells() && v <= cellMax(g.width()) {
 			return g.raiseCell(c, v)
 		}
 		return g.raiseDense(id, v)
 	}
-	if len(g.d) == 0 {
+	if g.p == nil {
 		switch {
 		case g.total == 0: // no slot yet: this one is held in place
 			if v == 0 {
@@ -218,16 +369,18 @@ func (g *GCounter) Raise(id SlotID, v uint64) bool {
 			return g.Raise(id, v)
 		}
 		// A second slot: both go to records.
-		one, ov := SlotID(g.n), g.total
-		g.d, g.n = appendRec(make([]byte, 0, 2*rec), one, ov), 0
+		d := make([]byte, rec, recCap(2)*rec)
+		setRec(d, 0, SlotID(g.n), g.total)
+		g.setSparse(d, 0)
 	}
-	i, ok := find(g.d, id)
+	d := g.recs()
+	i, ok := find(d, id)
 	if ok {
-		old := recVal(g.d, i)
+		old := recVal(d, i)
 		if v <= old {
 			return false
 		}
-		setRecVal(g.d, i, v)
+		setRecVal(d, i, v)
 		g.total = satAdd(g.total, v-old)
 		return true
 	}
@@ -238,11 +391,17 @@ func (g *GCounter) Raise(id SlotID, v uint64) bool {
 		g.toDense(0)
 		return g.Raise(id, v)
 	}
-	var zero [rec]byte
-	g.d = append(g.d, zero[:]...)
-	copy(g.d[rec*(i+1):], g.d[rec*i:])
-	binary.LittleEndian.PutUint32(g.d[rec*i:], uint32(id))
-	setRecVal(g.d, i, v)
+	if n := int(g.n); n+1 <= recCap(n) {
+		d = d[:rec*(n+1)]
+		copy(d[rec*(i+1):], d[rec*i:])
+	} else {
+		nd := make([]byte, rec*(n+1), rec*recCap(n+1))
+		copy(nd, d[:rec*i])
+		copy(nd[rec*(i+1):], d[rec*i:])
+		d = nd
+	}
+	setRec(d, i, id, v)
+	g.setSparse(d, 0)
 	g.total = satAdd(g.total, v)
 	return true
 }
@@ -272,14 +431,15 @@ func b2i(b bool) int {
 
 // raiseCell raises cell c of a dense counter to v, which fits the width.
 func (g *GCounter) raiseCell(c int, v uint64) bool {
-	old := load(g.d, g.w, c)
+	w := g.width()
+	old := loadAt(g.p, w, c)
 	if v <= old {
 		return false
 	}
 	if old == 0 {
 		g.n++
 	}
-	store(g.d, g.w, c, v)
+	storeAt(g.p, w, c, v)
 	g.total = satAdd(g.total, v-old)
 	return true
 }
@@ -292,16 +452,23 @@ func (g *GCounter) raiseDense(id SlotID, v uint64) bool {
 	}
 	switch {
 	case int(id) >= g.ids():
-		if int(id) >= 2*denseSpan*(int(g.n)+1) {
-			// Too sparse for an array: back to the sorted slice.
+		if tooFar(id, g.n) {
+			// Too sparse for an array: back to the sorted records.
 			g.toSparse()
 			return g.Raise(id, v)
 		}
-		g.grow(arraySize(int(id)+1), max(g.w, widthFor(v)))
+		g.grow(arraySize(int(id)+1), max(g.width(), widthFor(v)))
 	default:
 		g.grow(g.ids(), widthFor(v))
 	}
 	return g.Raise(id, v)
+}
+
+// tooFar reports whether an array with n non-zero slots is too sparse to
+// cover SlotID id: id lies beyond twice denseSpan per slot, or beyond
+// maxDenseID.
+func tooFar(id SlotID, n uint32) bool {
+	return int(id) >= 2*denseSpan*(int(n)+1) || id >= maxDenseID
 }
 
 // wouldDense reports whether raising slot id to v would make a sparse
@@ -317,9 +484,13 @@ func (g *GCounter) wouldDense(id SlotID, v uint64) bool {
 // denseFits reports whether a sparse counter of n slots, the largest
 // SlotID maxID and the largest value maxVal is to be dense: from denseMin
 // slots on when its SlotIDs are dense enough, and from two when its array
-// would take no more bytes than its records.
+// would take no more bytes than its records; never with a SlotID of
+// maxDenseID or more.
 func denseFits(n, maxID int, maxVal uint64) bool {
-	if n >= denseMin {
+	switch {
+	case maxID >= maxDenseID:
+		return false
+	case n >= denseMin:
 		return maxID < denseSpan*n
 	}
 	return n >= 2 && arraySize(maxID+1)*int(widthFor(maxVal)) <= rec*n
@@ -340,8 +511,8 @@ func arraySize(n int) int {
 // maxID returns the largest SlotID of a sparse counter, or -1.
 func (g *GCounter) maxID() int {
 	switch {
-	case len(g.d) > 0:
-		return int(recID(g.d, len(g.d)/rec-1))
+	case g.p != nil:
+		return int(recID(g.recs(), int(g.n)-1))
 	case g.total != 0:
 		return int(g.n)
 	}
@@ -350,12 +521,13 @@ func (g *GCounter) maxID() int {
 
 // maxVal returns the largest value of a sparse counter.
 func (g *GCounter) maxVal() uint64 {
-	if len(g.d) == 0 {
+	if g.p == nil {
 		return g.total
 	}
 	var m uint64
-	for i := range len(g.d) / rec {
-		m = max(m, recVal(g.d, i))
+	d := g.recs()
+	for i := range int(g.n) {
+		m = max(m, recVal(d, i))
 	}
 	return m
 }
@@ -363,52 +535,63 @@ func (g *GCounter) maxVal() uint64 {
 // toDense moves a sparse counter's slots into an array indexed by SlotID,
 // covering at least size SlotIDs, with cells as narrow as its values allow.
 func (g *GCounter) toDense(size int) {
-	size = max(size, arraySize(g.maxID()+1))
+	size = max(size, arraySize(g.maxID()+1), 1)
 	w := widthFor(g.maxVal())
 	d, n := make([]byte, size*int(w)), 0
 	g.each(func(id SlotID, v uint64) {
 		store(d, w, int(id), v)
 		n++
 	})
-	g.d, g.w, g.step, g.n = d, w, 1, uint32(n)
+	g.setDense(d, w, false, n)
 }
 
 // toSparse moves a dense counter's slots back into sorted records, or
 // into its own fields when it has one slot or none.
 func (g *GCounter) toSparse() {
-	recs := make([]byte, 0, (int(g.n)+1)*rec)
-	g.each(func(id SlotID, v uint64) { recs = appendRec(recs, id, v) })
-	g.d, g.w, g.step, g.n = recs, 0, 0, 0
-	if len(recs) <= rec {
-		if len(recs) == rec {
-			g.n = uint32(recID(recs, 0)) // its value is the total
-		}
-		g.d = nil
+	n := int(g.n)
+	if n <= 1 {
+		var one SlotID
+		g.each(func(id SlotID, _ uint64) { one = id }) // its value is the total
+		g.setSparse(nil, one)
+		return
 	}
+	d := make([]byte, rec*n, rec*recCap(n))
+	i := 0
+	g.each(func(id SlotID, v uint64) {
+		setRec(d, i, id, v)
+		i++
+	})
+	g.setSparse(d, 0)
 }
 
 // grow moves a dense counter's values into an array of its own covering
 // size SlotIDs with cells of width w (never narrower than they are).
 func (g *GCounter) grow(size int, w uint8) {
-	w = max(w, g.w)
+	ow, st := g.width(), g.step()
+	w = max(w, ow)
 	d := make([]byte, size*int(w))
-	for c, i := 0, 0; c < g.cells(); c, i = c+int(g.step), i+1 {
-		store(d, w, i, load(g.d, g.w, c))
+	for c, i := 0, 0; c < g.cells(); c, i = c+st, i+1 {
+		store(d, w, i, loadAt(g.p, ow, c))
 	}
-	g.d, g.w, g.step = d, w, 1
+	g.setDense(d, w, false, int(g.n))
 }
 
-// pair moves two sparse counters into one interleaved array covering at
-// least size SlotIDs: a's value of SlotID i in cell 2i, b's in cell 2i+1,
-// so that one memory access reaches both.
-func pair(a, b *GCounter, size int) {
-	size = max(size, arraySize(max(a.maxID(), b.maxID())+1))
-	w := widthFor(max(a.maxVal(), b.maxVal()))
+// pair moves two counters into one interleaved array covering at least
+// size SlotIDs, with cells at least w bytes wide (and as wide as their
+// values need): a's value of SlotID i in cell 2i, b's in cell 2i+1, so
+// that one memory access reaches both.
+func pair(a, b *GCounter, size int, w uint8) {
+	top, big := -1, uint64(0)
+	scan := func(id SlotID, v uint64) { top, big = max(top, int(id)), max(big, v) }
+	a.each(scan)
+	b.each(scan)
+	size = max(size, arraySize(top+1), 1)
+	w = max(w, widthFor(big))
 	d := make([]byte, 2*size*int(w))
 	a.each(func(id SlotID, v uint64) { store(d, w, 2*int(id), v) })
 	b.each(func(id SlotID, v uint64) { store(d, w, 2*int(id)+1, v) })
-	a.d, a.w, a.step, a.n = d, w, 2, uint32(a.Len())
-	b.d, b.w, b.step, b.n = d[w:], w, 2, uint32(b.Len())
+	a.setDense(d, w, true, a.Len())
+	b.setDense(d[w:], w, true, b.Len())
 }
 
 // Add increments one slot by d (saturating). Only the slot's owner calls it.
@@ -419,34 +602,34 @@ func (g *GCounter) Add(id SlotID, d uint64) {
 	// The slot present (the owner's, on every decision after its first):
 	// find it here and add in place, where Raise(id, Get(id)+d) would
 	// look for it twice.
-	if g.w != 0 {
-		if c := int(id) * int(g.step); c < g.cells() {
-			old := load(g.d, g.w, c)
-			if nv := satAdd(old, d); nv <= cellMax(g.w) {
-				store(g.d, g.w, c, nv)
-				g.n += uint32(b2i(old == 0))
-				g.total = satAdd(g.total, nv-old)
-				return
-			}
+	if g.p == nil { // one slot or none, in place (an array or records has p)
+		if g.total == 0 || SlotID(g.n) == id { // none yet, or the one slot
+			g.n, g.total = uint32(id), satAdd(g.total, d)
+			return
 		}
-	} else {
-		if len(g.d) == 0 {
-			if g.total == 0 || SlotID(g.n) == id { // none yet, or the one slot
-				g.n, g.total = uint32(id), satAdd(g.total, d)
-				return
-			}
-		} else if len(g.d) <= 8*rec {
-			for i := range len(g.d) / rec {
-				if got := recID(g.d, i); got == id {
-					old := recVal(g.d, i)
+	} else if g.m&widthBits == 0 {
+		if g.n <= 8 {
+			recs := g.recs()
+			for i := range int(g.n) {
+				if got := recID(recs, i); got == id {
+					old := recVal(recs, i)
 					nv := satAdd(old, d)
-					setRecVal(g.d, i, nv)
+					setRecVal(recs, i, nv)
 					g.total = satAdd(g.total, nv-old)
 					return
 				} else if got > id {
 					break
 				}
 			}
+		}
+	} else if c := int(id) * g.step(); c < g.cells() {
+		w := g.width()
+		old := loadAt(g.p, w, c)
+		if nv := satAdd(old, d); nv <= cellMax(w) {
+			storeAt(g.p, w, c, nv)
+			g.n += uint32(b2i(old == 0))
+			g.total = satAdd(g.total, nv-old)
+			return
 		}
 	}
 	g.Raise(id, satAdd(g.Get(id), d))
@@ -457,11 +640,8 @@ func (g *GCounter) Value() uint64 { return g.total }
 
 // Len returns how many slots have a non-zero value.
 func (g *GCounter) Len() int {
-	switch {
-	case g.dense():
-		return int(g.n)
-	case len(g.d) > 0:
-		return len(g.d) / rec
+	if g.p != nil {
+		return int(g.n) // dense: the non-zero cells; sparse: the records
 	}
 	return b2i(g.total != 0)
 }
@@ -478,22 +658,24 @@ func (g *GCounter) Merge(o *GCounter) {
 func (g *GCounter) Each(f func(id SlotID, v uint64)) { g.each(f) }
 
 func (g *GCounter) each(f func(id SlotID, v uint64)) {
-	if g.w != 0 {
-		for c, id := 0, SlotID(0); c < g.cells(); c, id = c+int(g.step), id+1 {
-			if v := load(g.d, g.w, c); v != 0 {
+	if w := g.width(); w != 0 {
+		p, st, cells := g.p, g.step(), g.cells()
+		for c, id := 0, SlotID(0); c < cells; c, id = c+st, id+1 {
+			if v := loadAt(p, w, c); v != 0 {
 				f(id, v)
 			}
 		}
 		return
 	}
-	if len(g.d) == 0 {
+	if g.p == nil {
 		if g.total != 0 {
 			f(SlotID(g.n), g.total)
 		}
 		return
 	}
-	for i := range len(g.d) / rec {
-		f(recID(g.d, i), recVal(g.d, i))
+	d := g.recs()
+	for i := range int(g.n) {
+		f(recID(d, i), recVal(d, i))
 	}
 }
 

@@ -49,7 +49,7 @@ type expiryQueue struct {
 
 // push queues s in the bucket of time at.
 func (q *expiryQueue) push(s *Series, at int64) {
-	s.where, s.due = inBucket, at
+	s.where = inBucket // at is s.due(nil): see queueWindow and collectSeries
 	b, ok := q.buckets[at]
 	if !ok {
 		if q.buckets == nil {
@@ -142,7 +142,7 @@ func (c *Container) queueWindow(s *Series, w *Window) {
 	case notQueued:
 		c.expiry.push(s, at)
 	case inBucket:
-		if at < s.due {
+		if at < s.due(w) {
 			c.expiry.push(s, at)
 		}
 	}
@@ -204,7 +204,7 @@ func (c *Container) CollectSome(nowMs int64, most int) (dropped int, more bool) 
 		for ; j < len(b) && left > 0; j++ {
 			s := b[j]
 			b[j] = nil
-			if s.where == inBucket && s.due == at {
+			if s.where == inBucket && s.due(nil) == at {
 				left -= q.spend(true)
 				dropped += c.collectSeries(s, nowMs)
 			} else {
@@ -265,7 +265,7 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 	earliest, again := int64(math.MaxInt64), false
 	for _, w := range s.Windows {
 		if w.Expired(nowMs) {
-			if !w.dirty {
+			if !w.Dirty() {
 				continue
 			}
 			again = true // dropped once its mark is taken
@@ -280,7 +280,7 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 		s.Windows[i] = nil
 	}
 	s.Windows = kept
-	noLeases := s.leases == nil || s.leases.P.Len() == 0 && s.leases.N.Len() == 0
+	noLeases := !s.hasLeases || s.Leases().P.Len() == 0 && s.Leases().N.Len() == 0
 	switch {
 	case len(kept) == 0 && noLeases && !s.leasesDirty:
 		s.rule.keys.del(s.Key)

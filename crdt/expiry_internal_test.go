@@ -3,6 +3,7 @@ package crdt
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -19,7 +20,7 @@ func walkCollect(c *Container, nowMs int64) int {
 		for _, s := range all {
 			kept := s.Windows[:0]
 			for _, w := range s.Windows {
-				if w.Expired(nowMs) && !w.dirty {
+				if w.Expired(nowMs) && !w.Dirty() {
 					dropped++
 					continue
 				}
@@ -47,7 +48,7 @@ func dump(c *Container) string {
 			var b strings.Builder
 			fmt.Fprintf(&b, "%s/%s leases %d/%d dirty %v:", name, key, s.Leases().P.Value(), s.Leases().N.Value(), s.leasesDirty)
 			for _, w := range s.Windows {
-				fmt.Fprintf(&b, " %d/%d=%d,%v", w.WindowMs, w.Index, w.Admitted.Value(), w.dirty)
+				fmt.Fprintf(&b, " %d/%d=%d,%v", w.WindowMs, w.Index, w.Admitted.Value(), w.Dirty())
 			}
 			lines = append(lines, b.String())
 		})
@@ -97,6 +98,20 @@ func randomOp(r *rand.Rand, nowMs int64) expiryOp {
 	}
 }
 
+// inDueBucket checks what the queue's stale entries are told apart by:
+// each series waiting in a bucket is in the bucket of its due(nil), the
+// earliest CollectAt of its windows.
+func inDueBucket(t *testing.T, c *Container) {
+	t.Helper()
+	for _, r := range c.rules {
+		r.Each(func(s *Series) {
+			if s.where == inBucket && !slices.Contains(c.expiry.buckets[s.due(nil)], s) {
+				t.Fatalf("%s waits in a bucket, not in that of its due time %d", s.Key, s.due(nil))
+			}
+		})
+	}
+}
+
 // TestCollectMatchesWalk runs random sequences of inserts, merges, marks
 // and collections at advancing (now and then retreating) mesh time on two
 // containers: one collects with the queue, in slices of a random budget
@@ -116,6 +131,7 @@ func TestCollectMatchesWalk(t *testing.T) {
 					op := randomOp(r, nowMs)
 					op(queued)
 					op(walked)
+					inDueBucket(t, queued)
 				}
 				if r.IntN(10) == 0 {
 					nowMs -= int64(r.IntN(30)) // mesh time may step back a little
@@ -144,6 +160,7 @@ func TestCollectMatchesWalk(t *testing.T) {
 				if got != want {
 					t.Fatalf("step %d, now %d: queue dropped %d windows, walk %d", step, nowMs, got, want)
 				}
+				inDueBucket(t, queued)
 				if g, w := dump(queued), dump(walked); g != w {
 					t.Fatalf("step %d, now %d: queue holds\n%s\nwalk holds\n%s", step, nowMs, g, w)
 				}
@@ -244,12 +261,12 @@ func TestCollectSomeDrains(t *testing.T) {
 	}
 }
 
-// TestSeriesLayout pins what Series's comment relies on: the series,
-// the queue's fields with it, fits the 80-byte size class (the lease
-// counter behind a pointer).
+// TestSeriesLayout pins what Series's comment relies on: the series fits
+// the 64-byte size class (its due time derived, its first window and its
+// lease counter sharing a word).
 func TestSeriesLayout(t *testing.T) {
-	if got := unsafe.Sizeof(Series{}); got > 80 {
-		t.Errorf("Series is %d bytes, want at most 80", got)
+	if got := unsafe.Sizeof(Series{}); got > 64 {
+		t.Errorf("Series is %d bytes, want at most 64", got)
 	}
 }
 
@@ -267,15 +284,53 @@ func TestSeriesFirstWindowInPlace(t *testing.T) {
 	c := NewContainer()
 	s := c.Rule("r").Ensure("k")
 	w5 := s.EnsureWindow(1000, 5)
-	if unsafe.SliceData(s.Windows) != &s.one[0] || len(s.Windows) != 1 {
+	if !s.windowsInPlace() || len(s.Windows) != 1 {
 		t.Fatalf("the first window is in an array of its own")
 	}
 	w4, w6 := s.EnsureWindow(1000, 4), s.EnsureWindow(1000, 6)
-	if !slices.Equal(s.Windows, []*Window{w4, w5, w6}) || s.one[0] != w5 {
-		t.Fatalf("windows %v, want 4, 5, 6", s.Windows)
+	if !slices.Equal(s.Windows, []*Window{w4, w5, w6}) || s.windowsInPlace() {
+		t.Fatalf("windows %v, want 4, 5, 6 in an array of their own", s.Windows)
 	}
 	c.Collect(7000) // 4 and 5 are collectable, 6 is not
 	if !slices.Equal(s.Windows, []*Window{w6}) || s.Window(1000, 5) != nil || s.Window(1000, 6) != w6 {
 		t.Fatalf("after a collection: windows %v, want 6", s.Windows)
+	}
+}
+
+// TestSeriesLeasesShareTheWord checks the word a series' first window and
+// its lease counter share: a lease counter made after a window moves the
+// window to an array of its own, one made first keeps every window out
+// of the word, and neither is lost as windows come and go.
+func TestSeriesLeasesShareTheWord(t *testing.T) {
+	c := NewContainer()
+	r := c.Rule("r")
+	after, first := r.Ensure("after"), r.Ensure("first")
+	w1 := after.EnsureWindow(1000, 1)
+	l := after.EnsureLeases()
+	l.Raise(3, 2, 1)
+	first.EnsureLeases().Raise(4, 5, 0)
+	v1 := first.EnsureWindow(1000, 1)
+	runtime.GC()
+	for _, s := range []*Series{after, first} {
+		if s.windowsInPlace() || !s.HasLeases() || len(s.Windows) != 1 {
+			t.Fatalf("%s: windows in place %v, leases %v, %d windows; want one window in an array, and leases", s.Key, s.windowsInPlace(), s.HasLeases(), len(s.Windows))
+		}
+	}
+	if after.Windows[0] != w1 || after.Window(1000, 1) != w1 || first.Window(1000, 1) != v1 || after.Leases() != l {
+		t.Fatalf("windows or lease counter lost")
+	}
+	w2 := after.EnsureWindow(1000, 2)
+	c.Collect(3000) // window 1 is collectable, 2 is not
+	if !slices.Equal(after.Windows, []*Window{w2}) || first.Window(1000, 1) != nil {
+		t.Fatalf("after collecting: windows %v and %v", after.Windows, first.Windows)
+	}
+	c.Collect(5000)
+	w7 := after.EnsureWindow(1000, 7)
+	runtime.GC()
+	if after.windowsInPlace() || after.Windows[0] != w7 || after.Leases() != l || l.SlotValue(3) != 1 || first.Leases().SlotValue(4) != 5 {
+		t.Fatalf("after every window went: in place %v, leases %v, %d", after.windowsInPlace(), after.Leases() == l, l.SlotValue(3))
+	}
+	if r.Series("after") != after || r.Series("first") != first {
+		t.Fatalf("a series with leases was collected")
 	}
 }

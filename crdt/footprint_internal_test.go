@@ -99,36 +99,25 @@ func (f footprint) sum() int {
 // footprintOf walks c and sums its objects' allocation sizes.
 func footprintOf(c *Container) footprint {
 	var f footprint
-	counter := func(g *GCounter, seen map[*byte]bool) {
-		if cap(g.d) > 0 {
-			// A paired counter's array is the other's, one cell on.
-			p := unsafe.SliceData(g.d)
-			if g.step == 2 && seen[(*byte)(unsafe.Add(unsafe.Pointer(p), -int(g.w)))] {
-				return
-			}
-			seen[p] = true
-			f.counters += allocSize(cap(g.d))
-		}
-	}
-	seen := map[*byte]bool{}
+	counter := func(g *GCounter) { f.counters += allocSize(g.allocated()) }
 	for _, r := range c.rules {
 		r.Each(func(s *Series) {
 			f.series += allocSize(int(unsafe.Sizeof(*s)))
 			f.keys += allocSize(len(s.Key))
-			if unsafe.SliceData(s.Windows) != &s.one[0] {
+			if !s.windowsInPlace() {
 				f.winSlices += allocSize(cap(s.Windows) * int(unsafe.Sizeof(s)))
 			}
-			if s.leases != nil {
-				f.series += allocSize(int(unsafe.Sizeof(*s.leases)))
-				counter(&s.leases.P, seen)
-				counter(&s.leases.N, seen)
+			if s.HasLeases() {
+				l := s.Leases()
+				f.series += allocSize(int(unsafe.Sizeof(*l)))
+				counter(&l.P)
+				counter(&l.N)
 			}
 			for _, w := range s.Windows {
 				f.windows += allocSize(int(unsafe.Sizeof(*w)))
-				counter(&w.Admitted, seen)
-				counter(&w.Attempted, seen)
+				counter(&w.Admitted)
+				counter(&w.Attempted)
 			}
-			clear(seen)
 		})
 	}
 	q := &c.expiry
