@@ -557,9 +557,8 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from, by 
 			}
 			continue
 		}
-		se := set.EnsureCharged(e.Key, c.chargeOf(by), c.keyBudget)
+		se := c.seriesFor(set, e.Key, by)
 		if se == nil {
-			c.overKeyBudget(by)
 			whole = false
 			continue
 		}
@@ -592,9 +591,8 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from, by 
 		if id == c.selfID {
 			continue
 		}
-		se := l.Set().EnsureCharged(e.Key, c.chargeOf(by), c.keyBudget)
+		se := c.seriesFor(l.Set(), e.Key, by)
 		if se == nil {
-			c.overKeyBudget(by)
 			continue
 		}
 		ls := se.EnsureLeases()

@@ -114,9 +114,8 @@ func (c *Core) mergeFuture(nowMs int64) {
 			c.stats.DroppedUnknownRule++
 			continue
 		}
-		s := l.Set().EnsureCharged(e.key, c.chargeOf(e.by), c.keyBudget)
+		s := c.seriesFor(l.Set(), e.key, e.by)
 		if s == nil {
-			c.overKeyBudget(e.by)
 			continue
 		}
 		w := s.EnsureWindow(e.windowMs, e.window)

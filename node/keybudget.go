@@ -1,6 +1,10 @@
 package node
 
-import "time"
+import (
+	"time"
+
+	"github.com/ratemesh/ratemesh/crdt"
+)
 
 // A peer's key budget (CoreConfig.MaxKeys, keyBudget): the keys a peer's
 // entries make here are charged to it while they are held, and once it
@@ -20,6 +24,17 @@ func (c *Core) chargeOf(m *member) uint32 {
 		m.charge = c.c.NewCharge()
 	}
 	return m.charge
+}
+
+// seriesFor returns the series of key in set for an entry m sent, made on
+// m's account if set does not hold it, or nil when m is at its key budget
+// (the entry is then dropped, and counted).
+func (c *Core) seriesFor(set *crdt.RuleSet, key string, m *member) *crdt.Series {
+	s := set.EnsureCharged(key, c.chargeOf(m), c.keyBudget)
+	if s == nil {
+		c.overKeyBudget(m)
+	}
+	return s
 }
 
 // overKeyBudget notes an entry of m's dropped because m is at its key
