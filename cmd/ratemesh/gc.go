@@ -17,16 +17,25 @@ import (
 // (GODEBUG=gctrace=1), and each one made every call in flight miss
 // Envoy's 20 ms deadline. 64 MiB of headroom makes that one collection
 // every two seconds or so at 6,000 calls a second, for at most 64 MiB more
-// memory; a node whose live heap is over 64 MiB collects as Go does by
-// default.
+// memory.
 const gcHeadroom = 64 << 20
 
-// gcTuner raises the garbage collector's percentage (GOGC) after every
-// collection so that the heap may grow by at least headroom before the
-// next: GOGC = max(100, headroom / live heap × 100) (see gcPercent). It
-// is on in serve
-// unless the environment sets GOGC or GOMEMLIMIT (the operator's choice
-// stands).
+// gcLeastPercent is the least GOGC serve sets: past gcHeadroom × 4 of live
+// heap, the heap may grow by a quarter of it between collections rather
+// than Go's default of all of it. A node's live heap is, past a few MB,
+// the keys it holds, and they stay: at GOGC=100 a million keys of about
+// 200 B each made RSS grow by about 420 B a key (the heap grew to twice
+// the live keys before each collection, and the runtime keeps what it
+// reached). The cost is collections at most four times as often as Go's
+// default — never more often than every gcHeadroom of garbage, the rate
+// the small heap above collects at.
+const gcLeastPercent = 25
+
+// gcTuner sets the garbage collector's percentage (GOGC) after every
+// collection so that the heap may grow by headroom before the next, or
+// by a quarter of the live heap when that is more (see gcPercent). It is
+// on in serve unless the environment sets GOGC or GOMEMLIMIT (the
+// operator's choice stands).
 type gcTuner struct {
 	headroom uint64
 	stopped  atomic.Bool
@@ -73,20 +82,23 @@ func (t *gcTuner) tune() {
 	}
 }
 
-// gcPercent is the GOGC that lets a heap of live bytes grow by at least
-// headroom: headroom × 100 / live, rounded up to a multiple of 100 (a
-// live heap that wavers does not reset it every collection), at least
-// 100 (Go's default) and at most headroom × 100 / 4 MiB: the runtime's
-// least heap goal is 4 MiB × GOGC / 100, so a larger GOGC would let a
-// small heap grow past live + headroom (at start, before the first
-// collection has measured the live heap, the goal is headroom).
+// gcPercent is the GOGC that lets a heap of live bytes grow by headroom
+// or by gcLeastPercent of live, whichever is more. Above Go's default,
+// headroom × 100 / live is rounded up to a multiple of 100 (a live heap
+// that wavers does not reset it every collection) and capped at headroom
+// × 100 / 4 MiB: the runtime's least heap goal is 4 MiB × GOGC / 100, so a
+// larger GOGC would let a small heap grow past live + headroom (at start,
+// before the first collection has measured the live heap, the goal is
+// headroom). Below it, the percentage is rounded up to a multiple of 5.
 func gcPercent(headroom, live uint64) int {
 	const runtimeMinHeap = 4 << 20
 	top := headroom * 100 / runtimeMinHeap
-	p := top
-	if live > 0 {
-		p = min((headroom*100+live-1)/live, top)
+	if live == 0 {
+		return int(max((top+99)/100*100, 100))
 	}
-	p = (p + 99) / 100 * 100
-	return int(max(p, 100))
+	p := min((headroom*100+live-1)/live, top)
+	if p >= 100 {
+		return int((p + 99) / 100 * 100)
+	}
+	return int(max((p+4)/5*5, gcLeastPercent))
 }

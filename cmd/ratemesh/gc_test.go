@@ -21,8 +21,13 @@ func TestGCPercent(t *testing.T) {
 		{64 << 20, 3 << 20, 1600},
 		{64 << 20, 6 << 20, 1100}, // 1067 rounded up: at least the headroom
 		{64 << 20, 32 << 20, 200}, // 64 MiB more
-		{64 << 20, 64 << 20, 100}, // Go's default from here on
-		{64 << 20, 1 << 30, 100},
+		{64 << 20, 64 << 20, 100}, // Go's default
+		{64 << 20, 96 << 20, 70},  // 66.7 rounded up to a multiple of 5: still 64 MiB more
+		{64 << 20, 128 << 20, 50},
+		{64 << 20, 200 << 20, 35}, // 32 rounded up
+		{64 << 20, 256 << 20, 25}, // a quarter of the live heap from here on
+		{64 << 20, 1 << 30, 25},
+		{64 << 20, 10 << 30, 25},
 	} {
 		if got := gcPercent(c.headroom, c.live); got != c.want {
 			t.Errorf("gcPercent(%d, %d) = %d, want %d", c.headroom, c.live, got, c.want)
