@@ -158,6 +158,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descEntries, st.DroppedKeyBudget, "key_budget")
 	counter(descFuture, st.FutureHeld)
 	counter(descEntries, st.DroppedUnknownRule, "unknown_rule")
+	counter(descEntries, st.DroppedWindowLength, "window_length")
 	counter(descEntries, st.DroppedStale, "stale")
 	counter(descEntries, st.RepairsSkipped, "already_merged")
 	counter(descEntries, st.RelayLowering, "lowering_relay")

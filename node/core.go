@@ -118,6 +118,9 @@ type Stats struct {
 	// far ahead, for a rule this member does not have, or from a stale
 	// incarnation's lease slot.
 	DroppedExpired, DroppedFuture, DroppedUnknownRule, DroppedStale uint64
+	// DroppedWindowLength counts window entries whose window length is
+	// not their rule's here (or for a rule without windows).
+	DroppedWindowLength uint64
 	// DroppedKeyBudget counts entries for keys this member did not hold
 	// from a peer at its key budget (Ready.KeyBudget).
 	DroppedKeyBudget uint64
@@ -492,6 +495,7 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from, by 
 	raised := 0
 	var lastRule string
 	var set *crdt.RuleSet
+	var windowMs int64 // set's rule's window length
 	var sc slotCache
 	if from != nil && from.inc == b.From.Incarnation {
 		sc = slotCache{from: from.slot, fromOK: true}
@@ -534,11 +538,20 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from, by 
 		if e.Rule != lastRule || set == nil {
 			lastRule, set = e.Rule, nil
 			if l := c.lookupLimiter(e.Rule); l != nil {
-				set = l.Set()
+				set, windowMs = l.Set(), l.Rule().WindowMs()
 			}
 		}
 		if set == nil {
 			c.stats.DroppedUnknownRule++
+			whole = false
+			continue
+		}
+		if e.WindowMs != windowMs {
+			// Not a window of the rule here (a member whose rule has
+			// another window, or none): no decision would read it, and
+			// a member inventing lengths would make windows without
+			// bound for one key.
+			c.stats.DroppedWindowLength++
 			whole = false
 			continue
 		}

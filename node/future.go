@@ -114,6 +114,10 @@ func (c *Core) mergeFuture(nowMs int64) {
 			c.stats.DroppedUnknownRule++
 			continue
 		}
+		if e.windowMs != l.Rule().WindowMs() { // a reload changed the rule's window
+			c.stats.DroppedWindowLength++
+			continue
+		}
 		s := c.seriesFor(l.Set(), e.key, e.by)
 		if s == nil {
 			continue

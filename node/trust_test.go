@@ -487,3 +487,32 @@ func TestCoreHoldsFutureEntriesBounded(t *testing.T) {
 		t.Errorf("the raised held entry counts %d admitted, want 3 (%+v, %v)", u.Total, u, err)
 	}
 }
+
+// TestCoreDropsForeignWindowLengths: entries for a window length that is
+// not the rule's are dropped and counted, for a key held or not. Before,
+// every length a member named made a window of its own: one key could be
+// made to hold thousands of windows no decision reads, each relayed on.
+func TestCoreDropsForeignWindowLengths(t *testing.T) {
+	rules := apiRule(limiter.FixedWindow, 1_000_000)
+	c := newCore(t, "n00", t0, rules, nil)
+	from := crdt.Slot{Peer: "liar", Incarnation: 1}
+	nowMs := c.MeshMs(t0)
+	b := &crdt.Batch{Version: crdt.Version, From: from, Seq: 1, Sent: nowMs, Clock: nowMs, RulesHash: c.RulesHash()}
+	const lengths = 1000
+	for ms := int64(1000); ms < 1000+lengths; ms++ {
+		b.Windows = append(b.Windows, crdt.WindowEntry{Rule: "api", Key: "k", WindowMs: ms, Window: nowMs / ms, Admitted: 1, Attempted: 1})
+	}
+	if err := c.Step(t0, b); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Stats().DroppedWindowLength; got != lengths-1 {
+		t.Errorf("DroppedWindowLength = %d, want %d (every length but the rule's 1000 ms)", got, lengths-1)
+	}
+	if got := c.Container().Rule("api").Windows(); got != 1 {
+		t.Errorf("the key holds %d windows, want 1", got)
+	}
+	u, err := c.UsageOfWindow(t0, "api", "k", nowMs/1000)
+	if err != nil || u.Total != 1 {
+		t.Errorf("the rule's own window counts %d admitted, want 1 (%+v, %v)", u.Total, u, err)
+	}
+}
