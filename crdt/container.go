@@ -2,6 +2,7 @@ package crdt
 
 import (
 	"math"
+	"sort"
 	"unsafe"
 )
 
@@ -224,43 +225,125 @@ func (w *Window) CollectAt() int64 { return (w.Index + 2) * w.WindowMs }
 
 // Series is everything held for one (rule, key): its windows, ascending by
 // (WindowMs, Index), and for concurrency rules its lease counter. A series
-// is used through its pointer, never copied: Windows may point into it.
+// is used through its pointer, never copied: its windows' array may be in
+// it.
 //
-// A series is 64 bytes (TestSeriesLayout): when Collect is due to look at
-// it again follows from its windows (due), and its first window's pointer
-// and its lease counter share one word (one).
+// A series is 48 bytes (TestSeriesLayout): when Collect is due to look at
+// it again follows from its windows (due); its first window's pointer and
+// its lease counter share one word (one); and its windows are an array
+// pointer and a length, the array's capacity following from the length
+// (windowsCap).
 type Series struct {
-	Key     string
-	Windows []*Window
+	Key string
 
 	rule *RuleSet
 	// one is, for a series with no lease counter (most), its first
-	// window's pointer, as Windows' array while it has room: a key
+	// window's pointer, as the windows' array while it has room: a key
 	// touched in one window needs no array of its own, and a second
-	// window moves Windows to an array of its own. For a series with a
-	// lease counter (hasLeases), it is the *LeaseCounts, and Windows
-	// always has an array of its own. See windowsInPlace, Leases.
+	// window moves the windows to an array of their own. For a series
+	// with a lease counter (hasLeases), it is the *LeaseCounts, and the
+	// windows always have an array of their own. See windowsInPlace,
+	// Leases.
 	one unsafe.Pointer
+	// wins is the windows' array (of *Window), numWindows of them: &one,
+	// an array of its own of at least windowsCap(numWindows), or nil when
+	// there is none.
+	wins unsafe.Pointer
 	// charge is who made the series (EnsureCharged): 0, this member
 	// itself (a decision, the disk), or a peer's charge (NewCharge).
 	charge uint32
-	// where the series waits for Collect (expiry.go).
-	where       uint8
-	leasesDirty bool
-	hasLeases   bool
+	// nwin's low 16 bits and nwinHi its high 8: how many windows.
+	nwin   uint16
+	nwinHi uint8
+	// flags holds where the series waits for Collect (whereBits; see
+	// expiry.go), hasLeasesFlag and leasesDirtyFlag.
+	flags uint8
 }
+
+// MaxSeriesWindows is the most windows one series holds (24 bits of
+// count). A key's windows of its rule's length are those from two windows
+// back to max_skew ahead and those Collect has not yet reached; a merge of
+// one past it is refused (WindowsFull).
+const MaxSeriesWindows = 1<<24 - 1
+
+const (
+	whereBits     uint8 = 1<<3 - 1 // notQueued, inBucket, ...
+	hasLeasesFlag uint8 = 1 << (iota + 2)
+	leasesDirtyFlag
+)
+
+func (s *Series) hasLeases() bool   { return s.flags&hasLeasesFlag != 0 }
+func (s *Series) leasesDirty() bool { return s.flags&leasesDirtyFlag != 0 }
+func (s *Series) where() uint8      { return s.flags & whereBits }
+func (s *Series) setWhere(w uint8)  { s.flags = s.flags&^whereBits | w }
+
+func (s *Series) setLeasesDirty(on bool) {
+	if on {
+		s.flags |= leasesDirtyFlag
+	} else {
+		s.flags &^= leasesDirtyFlag
+	}
+}
+
+// numWindows returns how many windows the series holds.
+func (s *Series) numWindows() int { return int(s.nwin) | int(s.nwinHi)<<16 }
+
+// setNumWindows sets how many windows the series holds.
+func (s *Series) setNumWindows(n int) { s.nwin, s.nwinHi = uint16(n), uint8(n>>16) }
 
 // Rule returns the rule set the series belongs to.
 func (s *Series) Rule() *RuleSet { return s.rule }
 
-// inPlace returns the array of one window held in s.one, for Windows.
-func (s *Series) inPlace() []*Window {
-	return unsafe.Slice((**Window)(unsafe.Pointer(&s.one)), 1)
+// Windows returns the series' windows, ascending by (WindowMs, Index). The
+// slice is the series' own: read it, never append to it or write it, and
+// read it again after a window is made or collected.
+func (s *Series) Windows() []*Window {
+	return unsafe.Slice((**Window)(s.wins), s.numWindows())
 }
 
-// windowsInPlace reports whether Windows' array is s.one.
-func (s *Series) windowsInPlace() bool {
-	return cap(s.Windows) > 0 && unsafe.SliceData(s.Windows) == (**Window)(unsafe.Pointer(&s.one))
+// WindowsFull reports whether the series holds MaxSeriesWindows windows:
+// EnsureWindow must not be asked for a new one.
+func (s *Series) WindowsFull() bool { return s.numWindows() == MaxSeriesWindows }
+
+// CanEnsure reports whether EnsureWindow(windowMs, index) may be called:
+// the window is held, or the series has room for it.
+func (s *Series) CanEnsure(windowMs, index int64) bool {
+	return !s.WindowsFull() || s.Window(windowMs, index) != nil
+}
+
+// windowsCap is the capacity of an array of its own holding n windows:
+// the power of two at least n, and at least 2. An array made for n
+// windows has it, and keeps at least the capacity of fewer.
+func windowsCap(n int) int {
+	c := 2
+	for c < n {
+		c *= 2
+	}
+	return c
+}
+
+// windowsInPlace reports whether the windows' array is s.one.
+func (s *Series) windowsInPlace() bool { return s.wins == unsafe.Pointer(&s.one) }
+
+// setWindows makes ws, a prefix of the series' own array, its windows.
+func (s *Series) setWindows(ws []*Window) {
+	s.setNumWindows(len(ws))
+	if len(ws) == 0 {
+		if s.windowsInPlace() {
+			s.one = nil
+		}
+		s.wins = nil
+	}
+}
+
+// ownWindows moves the windows to an array of their own with room for n.
+func (s *Series) ownWindows(n int) {
+	a := make([]*Window, windowsCap(n))
+	copy(a, s.Windows())
+	if s.windowsInPlace() {
+		s.one = nil
+	}
+	s.wins = unsafe.Pointer(unsafe.SliceData(a))
 }
 
 // LeaseCounts is a key's lease counter: the leases acquired (P) and
@@ -280,7 +363,7 @@ var noLeases LeaseCounts
 // when the series has none (a windowed rule's never has). Write through
 // EnsureLeases.
 func (s *Series) Leases() *LeaseCounts {
-	if !s.hasLeases {
+	if !s.hasLeases() {
 		return &noLeases
 	}
 	return (*LeaseCounts)(s.one)
@@ -290,19 +373,20 @@ func (s *Series) Leases() *LeaseCounts {
 // Only a concurrency rule's keys need one: the others keep none, and the
 // 56 bytes a counter takes.
 func (s *Series) EnsureLeases() *LeaseCounts {
-	if !s.hasLeases {
+	if !s.hasLeases() {
 		if s.windowsInPlace() {
 			// The word goes to the lease counter: the window to an
 			// array of its own.
-			s.Windows = append([]*Window(nil), s.Windows...)
+			s.ownWindows(s.numWindows())
 		}
-		s.one, s.hasLeases = unsafe.Pointer(new(LeaseCounts)), true
+		s.one = unsafe.Pointer(new(LeaseCounts))
+		s.flags |= hasLeasesFlag
 	}
 	return (*LeaseCounts)(s.one)
 }
 
 // HasLeases reports whether the series has a lease counter.
-func (s *Series) HasLeases() bool { return s.hasLeases }
+func (s *Series) HasLeases() bool { return s.hasLeases() }
 
 // due returns the earliest CollectAt of the series' windows but skip, or
 // the largest int64 when there is none. A series waiting in a bucket of
@@ -311,19 +395,38 @@ func (s *Series) HasLeases() bool { return s.hasLeases }
 // the windows' earliest CollectAt (queueWindow).
 func (s *Series) due(skip *Window) int64 {
 	due := int64(math.MaxInt64)
-	for _, w := range s.Windows {
-		if w != skip {
-			due = min(due, w.CollectAt())
+	ws := s.Windows()
+	for i := 0; i < len(ws); {
+		w := ws[i]
+		if w == skip {
+			i++
+			continue
 		}
+		// The windows of one length ascend, and so do their CollectAt:
+		// the first of each length (but skip) is its earliest.
+		due = min(due, w.CollectAt())
+		i += sort.Search(len(ws)-i, func(j int) bool { return ws[i+j].WindowMs > w.WindowMs })
 	}
 	return due
 }
 
 // Window returns the window (windowMs, index), or nil.
 func (s *Series) Window(windowMs, index int64) *Window {
-	// Newest first: Windows ascends, and the current window is the last.
-	for i := len(s.Windows) - 1; i >= 0; i-- {
-		if w := s.Windows[i]; w.WindowMs == windowMs && w.Index == index {
+	// Newest first: the windows ascend, and the current window is the
+	// last. A key holds a few; past that, search.
+	ws := s.Windows()
+	if len(ws) > 8 {
+		i := sort.Search(len(ws), func(i int) bool {
+			w := ws[i]
+			return w.WindowMs > windowMs || w.WindowMs == windowMs && w.Index >= index
+		})
+		if i < len(ws) && ws[i].WindowMs == windowMs && ws[i].Index == index {
+			return ws[i]
+		}
+		return nil
+	}
+	for i := len(ws) - 1; i >= 0; i-- {
+		if w := ws[i]; w.WindowMs == windowMs && w.Index == index {
 			return w
 		}
 	}
@@ -331,14 +434,20 @@ func (s *Series) Window(windowMs, index int64) *Window {
 }
 
 // EnsureWindow returns the window (windowMs, index), creating it if needed.
+// A series holding MaxSeriesWindows (WindowsFull) makes no more: it
+// panics, so a caller that merges what others send asks WindowsFull first.
 func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 	if w := s.Window(windowMs, index); w != nil {
 		return w
 	}
+	if s.WindowsFull() {
+		panic("crdt: a series holding MaxSeriesWindows windows asked for another")
+	}
 	w := &Window{WindowMs: windowMs, Index: index, series: s}
-	i := len(s.Windows)
+	ws := s.Windows()
+	i := len(ws)
 	for i > 0 {
-		p := s.Windows[i-1]
+		p := ws[i-1]
 		if p.WindowMs < windowMs || (p.WindowMs == windowMs && p.Index < index) {
 			if p.WindowMs == windowMs {
 				w.hint(p)
@@ -347,12 +456,17 @@ func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 		}
 		i--
 	}
-	if s.Windows == nil && !s.hasLeases {
-		s.Windows = s.inPlace()[:0]
+	n := len(ws)
+	switch {
+	case n == 0 && !s.hasLeases():
+		s.wins = unsafe.Pointer(&s.one)
+	case n == 0 || s.windowsInPlace() || n+1 > windowsCap(n):
+		s.ownWindows(n + 1)
 	}
-	s.Windows = append(s.Windows, nil)
-	copy(s.Windows[i+1:], s.Windows[i:])
-	s.Windows[i] = w
+	ws = unsafe.Slice((**Window)(s.wins), n+1)
+	copy(ws[i+1:], ws[i:n])
+	ws[i] = w
+	s.setNumWindows(n + 1)
 	s.rule.windows++
 	s.rule.c.queueWindow(s, w)
 	return w
@@ -521,8 +635,8 @@ func (c *Container) MarkDirty(w *Window) {
 
 // MarkLeasesDirty records that the owner's slot in s.Leases changed.
 func (c *Container) MarkLeasesDirty(s *Series) {
-	if !s.leasesDirty {
-		s.leasesDirty = true
+	if !s.leasesDirty() {
+		s.setLeasesDirty(true)
 		c.dirtyLeases = append(c.dirtyLeases, s)
 	}
 }
@@ -535,7 +649,7 @@ func (c *Container) TakeDirty() ([]*Window, []*Series) {
 		w.setDirty(false)
 	}
 	for _, s := range ls {
-		s.leasesDirty = false
+		s.setLeasesDirty(false)
 	}
 	c.dirtyWin, c.dirtyLeases = nil, nil
 	return ws, ls

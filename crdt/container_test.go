@@ -14,8 +14,8 @@ type winID struct{ ms, idx int64 }
 // windowIDs returns the (WindowMs, Index) of s's windows in held order.
 func windowIDs(t *testing.T, s *crdt.Series) []winID {
 	t.Helper()
-	out := make([]winID, 0, len(s.Windows))
-	for _, w := range s.Windows {
+	out := make([]winID, 0, len(s.Windows()))
+	for _, w := range s.Windows() {
 		out = append(out, winID{w.WindowMs, w.Index})
 	}
 	return out
@@ -295,7 +295,7 @@ func TestCollect(t *testing.T) {
 			t.Errorf("series %q removed, want kept", kept)
 		}
 	}
-	if got := len(released.Windows); got != 0 {
+	if got := len(released.Windows()); got != 0 {
 		t.Errorf("released has %d windows, want 0", got)
 	}
 	if got := released.Leases().Value(); got != 0 {

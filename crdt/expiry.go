@@ -2,7 +2,7 @@ package crdt
 
 import "math"
 
-// Where a series waits for Collect (Series.where).
+// Where a series waits for Collect (Series.where; at most whereBits).
 const (
 	// notQueued: the series is in no queue. It has no window, and its
 	// lease counter holds a value, so it is kept for good until a window
@@ -49,7 +49,7 @@ type expiryQueue struct {
 
 // push queues s in the bucket of time at.
 func (q *expiryQueue) push(s *Series, at int64) {
-	s.where = inBucket // at is s.due(nil): see queueWindow and collectSeries
+	s.setWhere(inBucket) // at is s.due(nil): see queueWindow and collectSeries
 	b, ok := q.buckets[at]
 	if !ok {
 		if q.buckets == nil {
@@ -62,7 +62,7 @@ func (q *expiryQueue) push(s *Series, at int64) {
 
 // pushNew queues the new series s for the next Collect.
 func (q *expiryQueue) pushNew(s *Series) {
-	s.where = isNew
+	s.setWhere(isNew)
 	q.fresh = append(q.fresh, s)
 }
 
@@ -70,7 +70,7 @@ func (q *expiryQueue) pushNew(s *Series) {
 // Collect that is not one finishing what a bounded one left (so that calls
 // at one time end).
 func (q *expiryQueue) pushLater(s *Series) {
-	s.where = inNext
+	s.setWhere(inNext)
 	q.later = append(q.later, s)
 }
 
@@ -127,7 +127,7 @@ const staleCost = 16
 // becomes collectable.
 func (c *Container) queueWindow(s *Series, w *Window) {
 	at := w.CollectAt()
-	switch s.where {
+	switch s.where() {
 	case isNew:
 		// With a window the series need not be looked at before the
 		// window expires. Its entry for the next Collect turns stale; it
@@ -204,7 +204,7 @@ func (c *Container) CollectSome(nowMs int64, most int) (dropped int, more bool) 
 		for ; j < len(b) && left > 0; j++ {
 			s := b[j]
 			b[j] = nil
-			if s.where == inBucket && s.due(nil) == at {
+			if s.where() == inBucket && s.due(nil) == at {
 				left -= q.spend(true)
 				dropped += c.collectSeries(s, nowMs)
 			} else {
@@ -230,7 +230,7 @@ func (c *Container) collectList(list []*Series, where uint8, nowMs int64, left *
 	for ; i < len(list) && *left > 0; i++ {
 		s := list[i]
 		list[i] = nil
-		if s.where == where {
+		if s.where() == where {
 			*left -= c.expiry.spend(true)
 			dropped += c.collectSeries(s, nowMs)
 		} else {
@@ -261,9 +261,10 @@ func (q *expiryQueue) spend(live bool) int {
 // s from its rule if nothing is left of it, else queues it again, and
 // returns how many windows it dropped.
 func (c *Container) collectSeries(s *Series, nowMs int64) int {
-	kept := s.Windows[:0]
+	ws := s.Windows()
+	kept := ws[:0]
 	earliest, again := int64(math.MaxInt64), false
-	for _, w := range s.Windows {
+	for _, w := range ws {
 		if w.Expired(nowMs) {
 			if !w.Dirty() {
 				continue
@@ -274,25 +275,23 @@ func (c *Container) collectSeries(s *Series, nowMs int64) int {
 		}
 		kept = append(kept, w)
 	}
-	dropped := len(s.Windows) - len(kept)
+	dropped := len(ws) - len(kept)
 	s.rule.windows -= dropped
-	for i := len(kept); i < len(s.Windows); i++ {
-		s.Windows[i] = nil
-	}
-	s.Windows = kept
-	noLeases := !s.hasLeases || s.Leases().P.Len() == 0 && s.Leases().N.Len() == 0
+	clear(ws[len(kept):])
+	s.setWindows(kept)
+	noLeases := !s.hasLeases() || s.Leases().P.Len() == 0 && s.Leases().N.Len() == 0
 	switch {
-	case len(kept) == 0 && noLeases && !s.leasesDirty:
+	case len(kept) == 0 && noLeases && !s.leasesDirty():
 		s.rule.keys.del(s.Key)
 		c.keys--
 		c.charged[s.charge]--
-		s.where = gone
+		s.setWhere(gone)
 	case again || (len(kept) == 0 && noLeases):
 		c.expiry.pushLater(s)
 	case len(kept) > 0:
 		c.expiry.push(s, earliest)
 	default:
-		s.where = notQueued
+		s.setWhere(notQueued)
 	}
 	return dropped
 }

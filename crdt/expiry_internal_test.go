@@ -18,19 +18,17 @@ func walkCollect(c *Container, nowMs int64) int {
 		var all []*Series
 		r.Each(func(s *Series) { all = append(all, s) })
 		for _, s := range all {
-			kept := s.Windows[:0]
-			for _, w := range s.Windows {
+			kept := s.Windows()[:0]
+			for _, w := range s.Windows() {
 				if w.Expired(nowMs) && !w.Dirty() {
 					dropped++
 					continue
 				}
 				kept = append(kept, w)
 			}
-			for i := len(kept); i < len(s.Windows); i++ {
-				s.Windows[i] = nil
-			}
-			s.Windows = kept
-			if len(s.Windows) == 0 && s.Leases().P.Len() == 0 && s.Leases().N.Len() == 0 && !s.leasesDirty {
+			clear(s.Windows()[len(kept):])
+			s.setWindows(kept)
+			if len(s.Windows()) == 0 && s.Leases().P.Len() == 0 && s.Leases().N.Len() == 0 && !s.leasesDirty() {
 				r.keys.del(s.Key)
 			}
 		}
@@ -46,8 +44,8 @@ func dump(c *Container) string {
 		r.Each(func(s *Series) {
 			key := s.Key
 			var b strings.Builder
-			fmt.Fprintf(&b, "%s/%s leases %d/%d dirty %v:", name, key, s.Leases().P.Value(), s.Leases().N.Value(), s.leasesDirty)
-			for _, w := range s.Windows {
+			fmt.Fprintf(&b, "%s/%s leases %d/%d dirty %v:", name, key, s.Leases().P.Value(), s.Leases().N.Value(), s.leasesDirty())
+			for _, w := range s.Windows() {
 				fmt.Fprintf(&b, " %d/%d=%d,%v", w.WindowMs, w.Index, w.Admitted.Value(), w.Dirty())
 			}
 			lines = append(lines, b.String())
@@ -89,8 +87,8 @@ func randomOp(r *rand.Rand, nowMs int64) expiryOp {
 		return func(c *Container) { c.MarkLeasesDirty(c.Rule(rule).Ensure(key)) }
 	case n < 16:
 		return func(c *Container) {
-			if s := c.Rule(rule).Series(key); s != nil && len(s.Windows) > 0 {
-				c.MarkDirty(s.Windows[len(s.Windows)-1])
+			if s := c.Rule(rule).Series(key); s != nil && len(s.Windows()) > 0 {
+				c.MarkDirty(s.Windows()[len(s.Windows())-1])
 			}
 		}
 	default:
@@ -105,7 +103,7 @@ func inDueBucket(t *testing.T, c *Container) {
 	t.Helper()
 	for _, r := range c.rules {
 		r.Each(func(s *Series) {
-			if s.where == inBucket && !slices.Contains(c.expiry.buckets[s.due(nil)], s) {
+			if s.where() == inBucket && !slices.Contains(c.expiry.buckets[s.due(nil)], s) {
 				t.Fatalf("%s waits in a bucket, not in that of its due time %d", s.Key, s.due(nil))
 			}
 		})
@@ -262,11 +260,11 @@ func TestCollectSomeDrains(t *testing.T) {
 }
 
 // TestSeriesLayout pins what Series's comment relies on: the series fits
-// the 64-byte size class (its due time derived, its first window and its
+// the 48-byte size class (its due time derived, its first window and its
 // lease counter sharing a word).
 func TestSeriesLayout(t *testing.T) {
-	if got := unsafe.Sizeof(Series{}); got > 64 {
-		t.Errorf("Series is %d bytes, want at most 64", got)
+	if got := unsafe.Sizeof(Series{}); got > 48 {
+		t.Errorf("Series is %d bytes, want at most 48", got)
 	}
 }
 
@@ -284,16 +282,16 @@ func TestSeriesFirstWindowInPlace(t *testing.T) {
 	c := NewContainer()
 	s := c.Rule("r").Ensure("k")
 	w5 := s.EnsureWindow(1000, 5)
-	if !s.windowsInPlace() || len(s.Windows) != 1 {
+	if !s.windowsInPlace() || len(s.Windows()) != 1 {
 		t.Fatalf("the first window is in an array of its own")
 	}
 	w4, w6 := s.EnsureWindow(1000, 4), s.EnsureWindow(1000, 6)
-	if !slices.Equal(s.Windows, []*Window{w4, w5, w6}) || s.windowsInPlace() {
-		t.Fatalf("windows %v, want 4, 5, 6 in an array of their own", s.Windows)
+	if !slices.Equal(s.Windows(), []*Window{w4, w5, w6}) || s.windowsInPlace() {
+		t.Fatalf("windows %v, want 4, 5, 6 in an array of their own", s.Windows())
 	}
 	c.Collect(7000) // 4 and 5 are collectable, 6 is not
-	if !slices.Equal(s.Windows, []*Window{w6}) || s.Window(1000, 5) != nil || s.Window(1000, 6) != w6 {
-		t.Fatalf("after a collection: windows %v, want 6", s.Windows)
+	if !slices.Equal(s.Windows(), []*Window{w6}) || s.Window(1000, 5) != nil || s.Window(1000, 6) != w6 {
+		t.Fatalf("after a collection: windows %v, want 6", s.Windows())
 	}
 }
 
@@ -312,25 +310,66 @@ func TestSeriesLeasesShareTheWord(t *testing.T) {
 	v1 := first.EnsureWindow(1000, 1)
 	runtime.GC()
 	for _, s := range []*Series{after, first} {
-		if s.windowsInPlace() || !s.HasLeases() || len(s.Windows) != 1 {
-			t.Fatalf("%s: windows in place %v, leases %v, %d windows; want one window in an array, and leases", s.Key, s.windowsInPlace(), s.HasLeases(), len(s.Windows))
+		if s.windowsInPlace() || !s.HasLeases() || len(s.Windows()) != 1 {
+			t.Fatalf("%s: windows in place %v, leases %v, %d windows; want one window in an array, and leases", s.Key, s.windowsInPlace(), s.HasLeases(), len(s.Windows()))
 		}
 	}
-	if after.Windows[0] != w1 || after.Window(1000, 1) != w1 || first.Window(1000, 1) != v1 || after.Leases() != l {
+	if after.Windows()[0] != w1 || after.Window(1000, 1) != w1 || first.Window(1000, 1) != v1 || after.Leases() != l {
 		t.Fatalf("windows or lease counter lost")
 	}
 	w2 := after.EnsureWindow(1000, 2)
 	c.Collect(3000) // window 1 is collectable, 2 is not
-	if !slices.Equal(after.Windows, []*Window{w2}) || first.Window(1000, 1) != nil {
-		t.Fatalf("after collecting: windows %v and %v", after.Windows, first.Windows)
+	if !slices.Equal(after.Windows(), []*Window{w2}) || first.Window(1000, 1) != nil {
+		t.Fatalf("after collecting: windows %v and %v", after.Windows(), first.Windows())
 	}
 	c.Collect(5000)
 	w7 := after.EnsureWindow(1000, 7)
 	runtime.GC()
-	if after.windowsInPlace() || after.Windows[0] != w7 || after.Leases() != l || l.SlotValue(3) != 1 || first.Leases().SlotValue(4) != 5 {
+	if after.windowsInPlace() || after.Windows()[0] != w7 || after.Leases() != l || l.SlotValue(3) != 1 || first.Leases().SlotValue(4) != 5 {
 		t.Fatalf("after every window went: in place %v, leases %v, %d", after.windowsInPlace(), after.Leases() == l, l.SlotValue(3))
 	}
 	if r.Series("after") != after || r.Series("first") != first {
 		t.Fatalf("a series with leases was collected")
+	}
+}
+
+// TestSeriesManyWindows: a series' window count is 24 bits and its array's
+// capacity follows from the count: past 65,536 windows they stay in order
+// as they are made out of order, and collecting most keeps the rest.
+func TestSeriesManyWindows(t *testing.T) {
+	c := NewContainer()
+	s := c.Rule("r").Ensure("k")
+	const n = 70_000
+	// Ascending but every 1000th, then those between the others.
+	for _, skipped := range []bool{false, true} {
+		for idx := range int64(n) {
+			if (idx%1000 == 500) != skipped {
+				continue
+			}
+			if got := s.EnsureWindow(1, idx); got.Index != idx {
+				t.Fatalf("EnsureWindow(1, %d) returned window %d", idx, got.Index)
+			}
+		}
+	}
+	ws := s.Windows()
+	if len(ws) != n || s.numWindows() != n || c.Rule("r").Windows() != n {
+		t.Fatalf("%d windows (count %d, rule %d), want %d", len(ws), s.numWindows(), c.Rule("r").Windows(), n)
+	}
+	for i, w := range ws {
+		if w.Index != int64(i) || w.Series() != s {
+			t.Fatalf("window %d has index %d", i, w.Index)
+		}
+	}
+	if s.Window(1, 12345) != ws[12345] || s.Window(1, n) != nil {
+		t.Fatal("Window finds the wrong one")
+	}
+	c.Collect(n - 9) // windows 0 .. n-11 are collectable (CollectAt: index + 2)
+	ws = s.Windows()
+	if len(ws) != 10 || ws[0].Index != n-10 || ws[9].Index != n-1 {
+		t.Fatalf("after collecting: %d windows from %d, want 10 from %d", len(ws), ws[0].Index, n-10)
+	}
+	c.Collect(n + 2)
+	if s.Windows() != nil || s.wins != nil || c.Keys() != 0 {
+		t.Fatalf("after collecting every window: %d left, array %v, %d keys", len(s.Windows()), s.wins, c.Keys())
 	}
 }

@@ -105,7 +105,7 @@ func footprintOf(c *Container) footprint {
 			f.series += allocSize(int(unsafe.Sizeof(*s)))
 			f.keys += allocSize(len(s.Key))
 			if !s.windowsInPlace() {
-				f.winSlices += allocSize(cap(s.Windows) * int(unsafe.Sizeof(s)))
+				f.winSlices += allocSize(cap(s.Windows()) * int(unsafe.Sizeof(s)))
 			}
 			if s.HasLeases() {
 				l := s.Leases()
@@ -113,7 +113,7 @@ func footprintOf(c *Container) footprint {
 				counter(&l.P)
 				counter(&l.N)
 			}
-			for _, w := range s.Windows {
+			for _, w := range s.Windows() {
 				f.windows += allocSize(int(unsafe.Sizeof(*w)))
 				counter(&w.Admitted)
 				counter(&w.Attempted)

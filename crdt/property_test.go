@@ -449,9 +449,9 @@ func snapshot(t *testing.T, c *crdt.Container, st *crdt.SlotTable) map[cell][2]u
 	}
 	for _, name := range c.Rules() {
 		c.Lookup(name).Each(func(s *crdt.Series) {
-			for i, w := range s.Windows {
+			for i, w := range s.Windows() {
 				if i > 0 {
-					p := s.Windows[i-1]
+					p := s.Windows()[i-1]
 					if p.WindowMs > w.WindowMs || p.WindowMs == w.WindowMs && p.Index >= w.Index {
 						t.Fatalf("%s/%s: windows out of order at %d", name, s.Key, i)
 					}

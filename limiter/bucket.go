@@ -113,7 +113,7 @@ func (l *Limiter) bucketUsage(u *Usage, s *crdt.Series, nowMs int64, limit uint6
 	var prev, cur epochSums
 	var own ownWindow
 	if s != nil {
-		for _, w := range s.Windows {
+		for _, w := range s.Windows() {
 			if w.WindowMs != l.windowMs {
 				continue
 			}

@@ -254,7 +254,7 @@ func TestBucketMergedNeverExceedsOne(t *testing.T) {
 		if ms%10 == 9 {
 			for i := range members {
 				cs[i].Lookup("b").Each(func(s *crdt.Series) {
-					for _, w := range s.Windows {
+					for _, w := range s.Windows() {
 						w.Acked = w.Admitted.Get(crdt.SlotID(i))
 					}
 				})
@@ -284,7 +284,7 @@ func TestBucketMergedNeverExceedsOne(t *testing.T) {
 func mergeInto(dst, src *crdt.Container) {
 	for _, name := range src.Rules() {
 		src.Lookup(name).Each(func(s *crdt.Series) {
-			for _, w := range s.Windows {
+			for _, w := range s.Windows() {
 				dw := dst.Rule(name).Ensure(s.Key).EnsureWindow(w.WindowMs, w.Index)
 				dw.Admitted.Merge(&w.Admitted)
 				dw.Attempted.Merge(&w.Attempted)

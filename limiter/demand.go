@@ -55,7 +55,7 @@ func (l *Limiter) attemptedAt(u *Usage, s *crdt.Series, idx int64) {
 	if s == nil {
 		return
 	}
-	for _, w := range s.Windows {
+	for _, w := range s.Windows() {
 		if w.WindowMs != l.windowMs {
 			continue
 		}

@@ -70,7 +70,7 @@ func runBoth(t *testing.T, rng *rand.Rand, r Rule, fast *Limiter, fc *crdt.Conta
 		case 2: // the mesh acknowledges some of this member's usage
 			for _, c := range []*crdt.Container{fc, sc} {
 				if s := c.Rule(r.Name).Series(key); s != nil {
-					for _, w := range s.Windows {
+					for _, w := range s.Windows() {
 						w.Acked = max(w.Acked, w.Admitted.Get(self)-min(w.Admitted.Get(self), 1))
 					}
 				}
@@ -156,7 +156,7 @@ func dumpSeries(s *crdt.Series) string {
 		b = append(b, '=')
 		b = strconv.AppendUint(b, v, 10)
 	}
-	for _, w := range s.Windows {
+	for _, w := range s.Windows() {
 		b = append(b, " ["...)
 		b = strconv.AppendInt(b, w.Index, 10)
 		b = append(b, " acked "...)

@@ -406,7 +406,7 @@ func (l *Limiter) usageAt(u *Usage, s *crdt.Series, idx int64) (cur ownWindow) {
 	if s == nil {
 		return cur
 	}
-	for _, w := range s.Windows {
+	for _, w := range s.Windows() {
 		if w.WindowMs != l.windowMs {
 			continue
 		}

@@ -804,7 +804,7 @@ func TestAllowMatchesReference(t *testing.T) {
 					w.Admitted.Raise(other, w.Admitted.Get(other)+uint64(rng.IntN(5)))
 				case 1: // acknowledgements arrive
 					if s := l.Set().Series(key); s != nil {
-						for _, w := range s.Windows {
+						for _, w := range s.Windows() {
 							w.Acked = w.Admitted.Get(self)
 						}
 					}

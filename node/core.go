@@ -119,7 +119,8 @@ type Stats struct {
 	// incarnation's lease slot.
 	DroppedExpired, DroppedFuture, DroppedUnknownRule, DroppedStale uint64
 	// DroppedWindowLength counts window entries whose window length is
-	// not their rule's here (or for a rule without windows).
+	// not their rule's here (or for a rule without windows), or that would
+	// make a key hold more than crdt.MaxSeriesWindows.
 	DroppedWindowLength uint64
 	// DroppedKeyBudget counts entries for keys this member did not hold
 	// from a peer at its key budget (Ready.KeyBudget).
@@ -469,7 +470,7 @@ func (c *Core) reincarnate(now time.Time) {
 	for _, l := range c.limiters {
 		l.SetSelf(c.selfID)
 		l.Set().Each(func(s *crdt.Series) {
-			for _, w := range s.Windows {
+			for _, w := range s.Windows() {
 				w.Acked = 0
 			}
 			if s.HasLeases() {
@@ -572,6 +573,11 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from, by 
 		}
 		se := c.seriesFor(set, e.Key, by)
 		if se == nil {
+			whole = false
+			continue
+		}
+		if !se.CanEnsure(e.WindowMs, e.Window) {
+			c.stats.DroppedWindowLength++ // crdt.MaxSeriesWindows: only with a max_skew of hours
 			whole = false
 			continue
 		}

@@ -122,6 +122,10 @@ func (c *Core) mergeFuture(nowMs int64) {
 		if s == nil {
 			continue
 		}
+		if !s.CanEnsure(e.windowMs, e.window) {
+			c.stats.DroppedWindowLength++
+			continue
+		}
 		w := s.EnsureWindow(e.windowMs, e.window)
 		if w.Raise(e.id, e.admitted, e.attempted) {
 			c.stats.EntriesMerged++

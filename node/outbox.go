@@ -504,7 +504,7 @@ func (c *Core) ownLive() ([]*crdt.Window, []*crdt.Series) {
 	var ls []*crdt.Series
 	for _, name := range c.RuleNames() {
 		c.limiters[name].Set().Each(func(s *crdt.Series) {
-			for _, w := range s.Windows {
+			for _, w := range s.Windows() {
 				if w.Attempted.Get(c.selfID) > 0 {
 					wins = append(wins, w)
 				}
@@ -595,7 +595,7 @@ func (c *Core) fullState(now time.Time, flags uint64, relay, table bool) []*crdt
 		c.limiters[name].Set().Each(func(s *crdt.Series) { series = append(series, s) })
 		sort.Slice(series, func(i, j int) bool { return series[i].Key < series[j].Key })
 		for _, s := range series {
-			wins := slices.Clone(s.Windows)
+			wins := slices.Clone(s.Windows())
 			sortWindows(wins)
 			for _, w := range wins {
 				if w.Expired(nowMs) {

@@ -169,7 +169,12 @@ func (p *Persister) Restore(now time.Time, recs []WindowRecord, leases []Lease) 
 		if !ok {
 			id = c.intern(r.Slot, c.members.byPeer[r.Slot.Peer])
 		}
-		w := l.Set().Ensure(r.Key).EnsureWindow(r.WindowMs, r.Window)
+		se := l.Set().Ensure(r.Key)
+		if !se.CanEnsure(r.WindowMs, r.Window) {
+			st.SkippedWindows++
+			continue
+		}
+		w := se.EnsureWindow(r.WindowMs, r.Window)
 		w.Admitted.Raise(id, r.Admitted)
 		w.Attempted.Raise(id, r.Attempted)
 		st.Windows++
@@ -209,7 +214,7 @@ func eachPersisted(c *Core, minWindowMs, nowMs int64, f func(w *crdt.Window)) {
 			continue
 		}
 		l.Set().Each(func(s *crdt.Series) {
-			for _, w := range s.Windows {
+			for _, w := range s.Windows() {
 				if w.WindowMs >= minWindowMs && !w.Expired(nowMs) {
 					f(w)
 				}
@@ -234,7 +239,7 @@ func (p *Persister) persisted(w *crdt.Window, nowMs int64) bool {
 		return false
 	}
 	// Not collected since it changed (mesh time may step back).
-	return rs.Series(s.Key) == s && slices.Contains(s.Windows, w)
+	return rs.Series(s.Key) == s && slices.Contains(s.Windows(), w)
 }
 
 // export returns what changed since the last export at now: the records of

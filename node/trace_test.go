@@ -638,7 +638,7 @@ func (e *traceEnv) cmdWindows(c *traceCmd, out *strings.Builder) error {
 	if s == nil {
 		return nil
 	}
-	for _, w := range s.Windows {
+	for _, w := range s.Windows() {
 		rep, err := core.UsageOfWindow(now, rule, c.args[1], w.Index)
 		if err != nil {
 			return err
