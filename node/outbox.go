@@ -74,6 +74,10 @@ type outbox struct {
 	// out, still marked; each flush sends the next repairPer of them.
 	repairing []*crdt.Window
 	repairPer int
+	// skipAcked: the repair under way leaves out the windows whose own
+	// values every live member has acknowledged (acknowledged); set when
+	// it starts, if every live member has our rules (rulesAgree).
+	skipAcked bool
 	// repairs are nacked batches' windows to publish again tagged as
 	// repairs (crdt.Repair), in the order the nacks came.
 	repairs   []repairGroup
@@ -228,8 +232,9 @@ func (o *outbox) startRepair(every, sync time.Duration) {
 
 // takeRepair appends to dst the next slice of the repair under way,
 // sorted, and clears their marks. It leaves out the windows marked dirty,
-// which this flush publishes fresh: call it before Container.TakeDirty.
-func (o *outbox) takeRepair(dst []*crdt.Window) []*crdt.Window {
+// which this flush publishes fresh (call it before Container.TakeDirty),
+// and, with skipAcked, those acknowledged for self.
+func (o *outbox) takeRepair(dst []*crdt.Window, self crdt.SlotID) []*crdt.Window {
 	n := min(o.repairPer, len(o.repairing))
 	if n == 0 {
 		return dst
@@ -237,7 +242,7 @@ func (o *outbox) takeRepair(dst []*crdt.Window) []*crdt.Window {
 	start := len(dst)
 	for _, w := range o.repairing[:n] {
 		w.Unqueue()
-		if !w.Dirty() {
+		if !w.Dirty() && !(o.skipAcked && acknowledged(w, self)) {
 			dst = append(dst, w)
 		}
 	}
@@ -247,6 +252,18 @@ func (o *outbox) takeRepair(dst []*crdt.Window) []*crdt.Window {
 	}
 	sortWindows(dst[start:])
 	return dst
+}
+
+// acknowledged reports whether every live member has acknowledged self's
+// values in w: its admitted value is acknowledged (Window.Acked), and its
+// attempted value is no more than that. Attempts only grow and never
+// below admissions, so the batch that carried the acknowledged admitted
+// value carried that attempted value too. (A window with denials, or a
+// token bucket's, whose attempted value is above its admitted one, is
+// never taken for acknowledged.)
+func acknowledged(w *crdt.Window, self crdt.SlotID) bool {
+	adm := w.Admitted.Get(self)
+	return w.Acked == adm && w.Attempted.Get(self) == adm
 }
 
 // repairLeases returns the lease counters changed since the last repair
@@ -353,8 +370,9 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 	if repairDue {
 		o.nextRepair = now.Add(c.cfg.RepairInterval)
 		o.startRepair(c.cfg.RepairInterval, c.cfg.SyncInterval)
+		o.skipAcked = c.rulesAgree()
 	}
-	repair := o.takeRepair(nil) // before TakeDirty: it leaves out the fresh
+	repair := o.takeRepair(nil, c.selfID) // before TakeDirty: it leaves out the fresh
 	wins, ls := c.c.TakeDirty()
 	c.resetBudgets()
 	if repairDue {
@@ -380,6 +398,24 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 	o.lastAck = watermark(c.members.order)
 	o.lastSent = now
 	return c.build(now, wins, ls, groups, nacks, flags)
+}
+
+// rulesAgree reports whether every live member has announced our rules
+// (crdt.Batch.RulesHash). Then a member that acknowledged a batch of ours
+// merged every window entry of it: one drops an acknowledged entry only
+// for a rule or window length it does not have, for a key past our key
+// budget (which an honest member with the same rules never reaches), or
+// for a window a minute past max_skew ahead (future.go). While a member's
+// rules differ — a rollout of new rules under way — the repairs repeat
+// every window changed, acknowledged or not, as the only second chance of
+// what it dropped.
+func (c *Core) rulesAgree() bool {
+	for _, m := range c.members.order {
+		if m.state == Alive && m.rulesHash != c.rulesHash {
+			return false
+		}
+	}
+	return true
 }
 
 // withoutFresh drops from the repair groups the windows published fresh

@@ -132,7 +132,7 @@ func TestOutboxRepairSet(t *testing.T) {
 	}
 	c.MarkDirty(ws[1]) // this flush's own
 	o.startRepair(time.Second, 100*time.Millisecond)
-	if wins := o.takeRepair(nil); !slices.Equal(wins, []*crdt.Window{ws[0], ws[3]}) {
+	if wins := o.takeRepair(nil, 0); !slices.Equal(wins, []*crdt.Window{ws[0], ws[3]}) {
 		t.Errorf("repair windows = %v, want a, d (b goes out fresh)", keysOf(wins))
 	}
 	if ls := o.repairLeases(nil); len(ls) != 1 || ls[0] != ws[2].Series() {
@@ -141,11 +141,11 @@ func TestOutboxRepairSet(t *testing.T) {
 	c.TakeDirty()
 	o.published([]*crdt.Window{ws[1]}, nil) // the repair cleared b's mark: it queues again
 	o.startRepair(time.Second, 100*time.Millisecond)
-	if wins := o.takeRepair(nil); !slices.Equal(wins, []*crdt.Window{ws[1]}) {
+	if wins := o.takeRepair(nil, 0); !slices.Equal(wins, []*crdt.Window{ws[1]}) {
 		t.Errorf("second repair = %v, want b", keysOf(wins))
 	}
 	o.startRepair(time.Second, 100*time.Millisecond)
-	if wins, ls := o.takeRepair(nil), o.repairLeases(nil); len(wins)+len(ls) != 0 {
+	if wins, ls := o.takeRepair(nil, 0), o.repairLeases(nil); len(wins)+len(ls) != 0 {
 		t.Errorf("a third repair with nothing published repeats %d values", len(wins)+len(ls))
 	}
 }
@@ -166,7 +166,7 @@ func TestOutboxRepairSlices(t *testing.T) {
 	seen := make(map[*crdt.Window]bool)
 	flushes := 0
 	for len(seen) < n && flushes < 10 {
-		part := o.takeRepair(nil)
+		part := o.takeRepair(nil, 0)
 		flushes++
 		if len(part) > n/5+1 {
 			t.Fatalf("flush %d sent %d windows, want at most %d", flushes, len(part), n/5+1)
