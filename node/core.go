@@ -134,7 +134,12 @@ type Stats struct {
 	// lowers its live leases (Core.relayedLease).
 	RelayLowering            uint64
 	NacksSent, NacksReceived uint64
-	WindowsCollected         uint64
+	// NacksAll counts nacks served by publishing every own value again:
+	// of seq 0 (a receiver past its gap limit) or of a batch no longer
+	// held. RepairEntriesSent counts window entries sent tagged as
+	// repairs (crdt.Repair), EntriesSent included.
+	NacksAll, RepairEntriesSent uint64
+	WindowsCollected            uint64
 	// KeysCollected counts keys dropped once none of their windows was
 	// live any more (eviction of idle keys; see max_keys).
 	KeysCollected uint64

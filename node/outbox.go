@@ -323,6 +323,7 @@ func (c *Core) nacked(seq uint64) {
 	}
 	c.stats.NacksReceived++
 	if sb == nil {
+		c.stats.NacksAll++
 		return
 	}
 	if c.clock.all(capRepairs) && len(sb.wins) > 0 {
@@ -520,6 +521,7 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, grou
 			b = newBatch()
 		}
 		b.Repairs = append(b.Repairs, crdt.Repair{Seq: g.seq, N: uint32(len(es))})
+		c.stats.RepairEntriesSent += uint64(len(es))
 		for _, x := range es {
 			b.Windows = append(b.Windows, x.e)
 			sb.wins = append(sb.wins, x.sw)
