@@ -27,8 +27,8 @@ const (
 	// Our acknowledgement watermark passes a gap at once (the nack says
 	// what it excludes), so a nack lost on its way would leave the gap
 	// acknowledged and its entries missing here for good; three copies
-	// make that a cube of the loss rate. The author serves the first copy
-	// and ignores the others (outbox.nacked).
+	// make that a cube of the loss rate. The author serves the first copy;
+	// the others change nothing (outbox.need).
 	nackRepeats = 3
 )
 

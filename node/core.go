@@ -444,7 +444,7 @@ func (c *Core) StepReceived(now, received time.Time, b *crdt.Batch) error {
 	m.acked(b.Ack)
 	for _, nk := range b.Nacks {
 		if nk.Slot.Is(c.self) {
-			c.nacked(nk.Seq)
+			c.nacked(nk.Seq, m.slot)
 		}
 	}
 	c.noteEvicted(now, m, b)

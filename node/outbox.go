@@ -37,34 +37,72 @@ type sentLease struct {
 }
 
 // sentBatch is a gossip batch of ours awaiting acknowledgement: the own
-// values it carried, to mark acknowledged (or dirty again, when nacked).
+// values it carried, to mark acknowledged (or dirty again, when nacked),
+// and the repair copies it carried. nack is set by its first nack.
 type sentBatch struct {
 	seq    uint64
 	sent   int64
 	wins   []sentWin
 	leases []sentLease
-	nacked bool
+	copies []carried
+	nack   *nackedBatch
 }
 
-// repairGroup is the windows of our batch seq, which a member nacked,
-// with the own values that batch carried: a repeat counts as
+// nackedBatch is what the first nack of our batch seq made of it: a repair
+// line of its windows (nil when it had none, or repeats went out
+// untagged), and the repair copies it carried. It outlives the batch's
+// place in the ring (outbox.nackedSeqs), so that a late nack of it is
+// served too.
+type nackedBatch struct {
+	seq    uint64
+	line   *repairLine
+	copies []carried
+}
+
+// repairLine is a nacked batch of ours repaired (crdt.Repair): its
+// windows, with the own values it carried (a repeat counts as
 // acknowledged only up to them, since a member that merged the batch
-// skips the repeat (later values count through their own batches).
-type repairGroup struct {
+// skips the repeat; later values count through their own batches), and
+// its latest copy, queued or sent.
+type repairLine struct {
 	seq  uint64
 	wins []sentWin
+	last *repairCopy
+}
+
+// repairCopy is one publication of a repair line, for the members in to:
+// those that nacked the repaired batch, or a batch carrying a copy meant
+// for them. Only their nack of a batch carrying the copy publishes the
+// line again. Every other member merged the repaired batch and skips the
+// copy, so its loss there costs nothing; publishing again on any nack
+// made a line last as long as some member lost each copy, which at 1 %
+// loss over a thousand members is forever.
+type repairCopy struct {
+	line *repairLine
+	to   []crdt.SlotID
+}
+
+// carried is a repair copy in a batch of ours: the windows it sent, with
+// the values the repaired batch carried, and whether a member it was for
+// nacked the batch (then they count as acknowledged through the next
+// copy instead).
+type carried struct {
+	c    *repairCopy
+	wins []sentWin
+	lost bool
 }
 
 // outbox is the sending side of this member's gossip. Its invariants: ring
 // holds at most ringCap batches in increasing seq order, the last of them
-// (if any) numbered seq; nackedSeqs holds at most nackedMemory seqs, each
-// of a batch nacked once, oldest first.
+// (if any) numbered seq; nackedSeqs holds at most nackedMemory batches,
+// each nacked, oldest first.
 type outbox struct {
 	seq  uint64      // the seq of our latest gossip batch
 	ring []sentBatch // gossip batches not yet acknowledged, oldest first
-	// nackedSeqs are the latest seqs of ours served a nack (oldest
-	// first, at most nackedMemory), so their repeats are ignored.
-	nackedSeqs []uint64
+	// nackedSeqs are the latest batches of ours served a nack (oldest
+	// first, at most nackedMemory), so that a nack of one no longer in
+	// the ring is not taken for a nack of a batch we never held.
+	nackedSeqs []*nackedBatch
 	// changed holds the windows published since the last repair began,
 	// in the order first published, each marked (crdt.Window.Queue);
 	// repairLs the lease counters.
@@ -78,9 +116,10 @@ type outbox struct {
 	// values every live member has acknowledged (acknowledged); set when
 	// it starts, if every live member has our rules (rulesAgree).
 	skipAcked bool
-	// repairs are nacked batches' windows to publish again tagged as
-	// repairs (crdt.Repair), in the order the nacks came.
-	repairs   []repairGroup
+	// repairs are the repair copies (of nacked batches' windows) to
+	// publish tagged as repairs (crdt.Repair), in the order the nacks
+	// came.
+	repairs   []*repairCopy
 	resendAll bool  // a nack asked for everything: publish every own value again
 	needAck   bool  // we merged something since our last batch: answer it
 	lastAck   int64 // the Ack of the last gossip batch we sent
@@ -115,27 +154,48 @@ func (o *outbox) remember(sb sentBatch) {
 	o.ring = append(o.ring, sb)
 }
 
-// nacked handles a member's report that it missed our batch seq. fresh is
-// false for a repeat (nackRepeats) of a nack already served, which changes
-// nothing. Otherwise sb is the batch whose entries are to be published
-// again (it never counts as acknowledged any more), or nil when seq is 0
-// or no longer held: then every own value is published again (resendAll).
-func (o *outbox) nacked(seq uint64) (sb *sentBatch, fresh bool) {
+// nacked finds our batch seq, which a member reports missing: in the
+// ring, or remembered as nacked before (nackedSeqs). first is true for
+// the batch's first nack, which makes its record nb. nb is nil when seq
+// is 0 or a batch we no longer know: then every own value is published
+// again (resendAll), and first is true.
+func (o *outbox) nacked(seq uint64) (nb *nackedBatch, sb *sentBatch, first bool) {
 	i, ok := slices.BinarySearchFunc(o.ring, seq, func(sb sentBatch, s uint64) int { return cmpU64(sb.seq, s) })
-	if seq != 0 && (ok && o.ring[i].nacked || !ok && slices.Contains(o.nackedSeqs, seq)) {
-		return nil, false
+	switch {
+	case seq == 0:
+	case ok && o.ring[i].nack != nil:
+		return o.ring[i].nack, &o.ring[i], false
+	case ok:
+		sb = &o.ring[i]
+		sb.nack = &nackedBatch{seq: seq, copies: sb.copies}
+		if len(o.nackedSeqs) >= nackedMemory {
+			clear(o.nackedSeqs[:1])
+			o.nackedSeqs = append(o.nackedSeqs[:0], o.nackedSeqs[1:]...)
+		}
+		o.nackedSeqs = append(o.nackedSeqs, sb.nack)
+		return sb.nack, sb, true
+	default:
+		if j := slices.IndexFunc(o.nackedSeqs, func(nb *nackedBatch) bool { return nb.seq == seq }); j >= 0 {
+			return o.nackedSeqs[j], nil, false
+		}
 	}
-	if seq == 0 || !ok {
-		o.resendAll = true
-		return nil, true
+	o.resendAll = true
+	return nil, nil, true
+}
+
+// need makes the next copy of line reach member by, which nacked the
+// repaired batch (lost nil) or a batch carrying lost, a copy meant for
+// it: a new copy when there is none yet or lost is the latest; otherwise
+// the latest, queued or on its way (by merges it, or nacks its batch in
+// turn).
+func (o *outbox) need(line *repairLine, by crdt.SlotID, lost *repairCopy) {
+	if line.last == nil || line.last == lost {
+		line.last = &repairCopy{line: line}
+		o.repairs = append(o.repairs, line.last)
 	}
-	if len(o.nackedSeqs) >= nackedMemory {
-		o.nackedSeqs = append(o.nackedSeqs[:0], o.nackedSeqs[1:]...)
+	if !slices.Contains(line.last.to, by) {
+		line.last.to = append(line.last.to, by)
 	}
-	o.nackedSeqs = append(o.nackedSeqs, seq)
-	sb = &o.ring[i]
-	sb.nacked = true
-	return sb, true
 }
 
 func cmpU64(a, b uint64) int {
@@ -149,8 +209,9 @@ func cmpU64(a, b uint64) int {
 }
 
 // acked marks the values of every batch sent at or before frontier (the
-// mesh's acknowledgement, ackFrontier) acknowledged, except nacked
-// batches', and forgets those batches; nowMs is the mesh time, which
+// mesh's acknowledgement, ackFrontier) acknowledged, except a nacked
+// batch's own and its repair copies lost by a member they were for, and
+// forgets those batches; nowMs is the mesh time, which
 // times the acknowledgements.
 func (o *outbox) acked(frontier, nowMs int64) {
 	done := 0
@@ -159,14 +220,15 @@ func (o *outbox) acked(frontier, nowMs int64) {
 		if len(sb.wins)+len(sb.leases) > 0 {
 			o.noteAck(nowMs - sb.sent)
 		}
-		if !sb.nacked {
-			for _, sw := range sb.wins {
-				if sw.v > sw.w.Acked {
-					sw.w.Acked = sw.v
-				}
-			}
+		if sb.nack == nil {
+			ackWins(sb.wins)
 			for _, sl := range sb.leases {
 				sl.s.EnsureLeases().Acked = sl.v
+			}
+		}
+		for _, cp := range sb.copies {
+			if !cp.lost {
+				ackWins(cp.wins)
 			}
 		}
 		done++
@@ -174,6 +236,14 @@ func (o *outbox) acked(frontier, nowMs int64) {
 	if done > 0 {
 		clear(o.ring[:done])
 		o.ring = o.ring[done:]
+	}
+}
+
+func ackWins(ws []sentWin) {
+	for _, sw := range ws {
+		if sw.v > sw.w.Acked {
+			sw.w.Acked = sw.v
+		}
 	}
 }
 
@@ -284,7 +354,9 @@ func (o *outbox) repairLeases(ls []*crdt.Series) []*crdt.Series {
 // reset starts a new gossip sequence: the member took a new incarnation.
 func (o *outbox) reset() {
 	o.ring = o.ring[:0]
+	clear(o.repairs)
 	o.repairs = o.repairs[:0]
+	clear(o.nackedSeqs)
 	o.nackedSeqs = o.nackedSeqs[:0]
 	o.seq = 0
 }
@@ -314,28 +386,52 @@ func sortSeries(ss []*crdt.Series) {
 	})
 }
 
-// nacked serves a member's nack of our batch seq (outbox.nacked): the
-// batch's entries are marked dirty, to be published again.
-func (c *Core) nacked(seq uint64) {
-	sb, fresh := c.out.nacked(seq)
-	if !fresh {
-		return
+// nacked serves member by's nack of our batch seq (outbox.nacked). The
+// first nack of a batch makes its windows a repair line, published tagged
+// (crdt.Repair) so that the members that merged the batch skip it, or
+// marks them dirty to go out untagged, and marks its leases dirty. Every
+// nack, the first or not, of the batch or of a copy of one of its repair
+// lines, has the line published again for by (outbox.need).
+func (c *Core) nacked(seq uint64, by crdt.SlotID) {
+	nb, sb, first := c.out.nacked(seq)
+	if first {
+		c.stats.NacksReceived++
 	}
-	c.stats.NacksReceived++
-	if sb == nil {
+	if nb == nil {
 		c.stats.NacksAll++
 		return
 	}
-	if c.clock.all(capRepairs) && len(sb.wins) > 0 {
-		// Tagged, so that the members that merged the batch skip them.
-		c.out.repairs = append(c.out.repairs, repairGroup{seq: sb.seq, wins: slices.Clone(sb.wins)})
-	} else {
-		for _, sw := range sb.wins {
-			c.c.MarkDirty(sw.w)
+	tagged := c.clock.all(capRepairs)
+	if first {
+		switch {
+		case !tagged:
+			for _, sw := range sb.wins {
+				c.c.MarkDirty(sw.w)
+			}
+			for _, cp := range sb.copies {
+				for _, sw := range cp.wins {
+					c.c.MarkDirty(sw.w)
+				}
+			}
+		case len(sb.wins) > 0:
+			nb.line = &repairLine{seq: seq, wins: slices.Clone(sb.wins)}
+		}
+		for _, sl := range sb.leases {
+			c.c.MarkLeasesDirty(sl.s)
 		}
 	}
-	for _, sl := range sb.leases {
-		c.c.MarkLeasesDirty(sl.s)
+	if !tagged {
+		return
+	}
+	if nb.line != nil {
+		c.out.need(nb.line, by, nil)
+	}
+	for i := range nb.copies {
+		cp := &nb.copies[i]
+		if slices.Contains(cp.c.to, by) {
+			cp.lost = true
+			c.out.need(cp.c.line, by, cp.c)
+		}
 	}
 }
 
@@ -353,14 +449,14 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		// A member that cannot read the tags turned up since the nacks:
 		// everyone gets the repeats untagged.
 		for _, g := range groups {
-			for _, sw := range g.wins {
+			for _, sw := range g.line.wins {
 				c.c.MarkDirty(sw.w)
 			}
 		}
 		groups = nil
 	}
 	for _, g := range groups {
-		for _, sw := range g.wins {
+		for _, sw := range g.line.wins {
 			if sw.w.Queue() { // as published does
 				o.changed = append(o.changed, sw.w)
 			}
@@ -419,10 +515,11 @@ func (c *Core) rulesAgree() bool {
 	return true
 }
 
-// withoutFresh drops from the repair groups the windows published fresh
-// (untagged) in the same batches, and the groups left empty: every member
-// merges a fresh entry, which carries the current value anyway.
-func withoutFresh(groups []repairGroup, fresh []*crdt.Window) []repairGroup {
+// withoutFresh drops from the repair copies' lines the windows published
+// fresh (untagged) in the same batches, and the copies left empty: every
+// member merges a fresh entry, which carries the current value anyway, or
+// nacks its batch, whose own repair line then carries it.
+func withoutFresh(groups []*repairCopy, fresh []*crdt.Window) []*repairCopy {
 	if len(groups) == 0 || len(fresh) == 0 {
 		return groups
 	}
@@ -432,8 +529,8 @@ func withoutFresh(groups []repairGroup, fresh []*crdt.Window) []repairGroup {
 	}
 	out := groups[:0]
 	for _, g := range groups {
-		g.wins = slices.DeleteFunc(g.wins, func(sw sentWin) bool { _, ok := in[sw.w]; return ok })
-		if len(g.wins) > 0 {
+		g.line.wins = slices.DeleteFunc(g.line.wins, func(sw sentWin) bool { _, ok := in[sw.w]; return ok })
+		if len(g.line.wins) > 0 {
 			out = append(out, g)
 		}
 	}
@@ -442,7 +539,7 @@ func withoutFresh(groups []repairGroup, fresh []*crdt.Window) []repairGroup {
 
 // build turns entries into gossip batches of at most batchEntries each,
 // numbered in sequence and remembered until acknowledged.
-func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, groups []repairGroup, nacks []crdt.Nack, flags uint64) []*crdt.Batch {
+func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, groups []*repairCopy, nacks []crdt.Nack, flags uint64) []*crdt.Batch {
 	nowMs := c.MeshMs(now)
 	var out []*crdt.Batch
 	newBatch := func() *crdt.Batch {
@@ -508,7 +605,7 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, grou
 			sw sentWin
 		}
 		var es []entry
-		for _, sw := range g.wins {
+		for _, sw := range g.line.wins {
 			if e, ok := c.ownEntry(sw.w); ok {
 				es = append(es, entry{e, sw})
 			}
@@ -520,12 +617,14 @@ func (c *Core) build(now time.Time, wins []*crdt.Window, ls []*crdt.Series, grou
 			finish()
 			b = newBatch()
 		}
-		b.Repairs = append(b.Repairs, crdt.Repair{Seq: g.seq, N: uint32(len(es))})
+		b.Repairs = append(b.Repairs, crdt.Repair{Seq: g.line.seq, N: uint32(len(es))})
 		c.stats.RepairEntriesSent += uint64(len(es))
-		for _, x := range es {
+		cp := carried{c: g, wins: make([]sentWin, len(es))}
+		for i, x := range es {
 			b.Windows = append(b.Windows, x.e)
-			sb.wins = append(sb.wins, x.sw)
+			cp.wins[i] = x.sw
 		}
+		sb.copies = append(sb.copies, cp)
 	}
 	finish()
 	if flags&crdt.FlagLast != 0 {

@@ -42,10 +42,10 @@ func TestOutboxNackedServesOnceAndRemembers(t *testing.T) {
 	}
 	for i, s := range steps {
 		o.resendAll = false
-		sb, fresh := o.nacked(s.seq)
+		nb, _, fresh := o.nacked(s.seq)
 		var got uint64
-		if sb != nil {
-			got = sb.seq
+		if nb != nil && fresh {
+			got = nb.seq
 		}
 		if fresh != s.wantFresh || got != s.wantBatch || o.resendAll != s.wantAll {
 			t.Fatalf("step %d: nacked(%d) = batch %d, fresh %v, resendAll %v; want %d, %v, %v", i, s.seq, got, fresh, o.resendAll, s.wantBatch, s.wantFresh, s.wantAll)
@@ -58,7 +58,7 @@ func TestOutboxNackedServesOnceAndRemembers(t *testing.T) {
 		t.Fatalf("ring holds %d after everything was acknowledged", len(o.ring))
 	}
 	o.resendAll = false
-	if _, fresh := o.nacked(2); fresh || o.resendAll {
+	if nb, _, fresh := o.nacked(2); fresh || nb == nil || o.resendAll {
 		t.Errorf("a repeated nack of a forgotten batch was served again (fresh %v, resendAll %v)", fresh, o.resendAll)
 	}
 }
@@ -67,12 +67,12 @@ func TestOutboxNackedMemoryIsBounded(t *testing.T) {
 	o := newOutbox(tIn, time.Second)
 	for seq := uint64(1); seq <= nackedMemory+10; seq++ {
 		o.remember(sentBatch{seq: seq})
-		if _, fresh := o.nacked(seq); !fresh {
+		if _, _, fresh := o.nacked(seq); !fresh {
 			t.Fatalf("first nack of %d not served", seq)
 		}
 	}
-	if len(o.nackedSeqs) != nackedMemory || o.nackedSeqs[0] != 11 {
-		t.Errorf("nackedSeqs holds %d from %d, want %d from 11", len(o.nackedSeqs), o.nackedSeqs[0], nackedMemory)
+	if len(o.nackedSeqs) != nackedMemory || o.nackedSeqs[0].seq != 11 {
+		t.Errorf("nackedSeqs holds %d from %d, want %d from 11", len(o.nackedSeqs), o.nackedSeqs[0].seq, nackedMemory)
 	}
 }
 
@@ -97,7 +97,7 @@ func TestOutboxAckedMarksAcknowledged(t *testing.T) {
 	o.remember(sentBatch{seq: 1, sent: 100, wins: []sentWin{{ws[0], 4}, {ws[2], 5}}, leases: []sentLease{{series, 2}}})
 	o.remember(sentBatch{seq: 2, sent: 110, wins: []sentWin{{ws[1], 7}}})
 	o.remember(sentBatch{seq: 3, sent: 120, wins: []sentWin{{ws[0], 6}}})
-	if _, fresh := o.nacked(2); !fresh {
+	if _, _, fresh := o.nacked(2); !fresh {
 		t.Fatal("nack of 2 not served")
 	}
 	o.acked(110, 110)

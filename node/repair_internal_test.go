@@ -24,7 +24,7 @@ func TestRepairTagsNeedEveryMember(t *testing.T) {
 		if len(first) != 1 || len(first[0].Windows) != 1 {
 			t.Fatalf("first batches %+v, want one with one window entry", first)
 		}
-		c.nacked(first[0].Seq)
+		c.nacked(first[0].Seq, 7)
 		c.clock.common = 0
 		if readable {
 			c.clock.common = capRepairs
@@ -79,7 +79,7 @@ func TestRepairGroupNeverSplit(t *testing.T) {
 	if len(x) != 1 || len(x[0].Windows) != 1500 {
 		t.Fatalf("first flush: %d batches, want one of 1500 entries", len(x))
 	}
-	c.nacked(x[0].Seq)
+	c.nacked(x[0].Seq, 7)
 	allow(1500, 2500)
 	out := c.flush(tIn.Add(time.Second), 0)
 	tagged := 0
@@ -113,13 +113,59 @@ func TestRepairAcknowledgesTheRepairedValue(t *testing.T) {
 			t.Fatalf("flush %d: %+v, want k at %d", i, out, i+1)
 		}
 	}
-	c.nacked(1) // batch 1 carried k = 1; batch 2 k = 2
+	c.nacked(1, 7) // batch 1 carried k = 1; batch 2 k = 2
 	out := c.flush(tIn.Add(2*time.Second), 0)
 	if len(out) != 1 || len(out[0].Repairs) != 1 || out[0].Windows[0].Admitted != 2 {
 		t.Fatalf("repair batches %+v, want one carrying k = 2 tagged", out)
 	}
 	sb := c.out.ring[len(c.out.ring)-1]
-	if sb.seq != out[0].Seq || len(sb.wins) != 1 || sb.wins[0].v != 1 {
+	if sb.seq != out[0].Seq || len(sb.copies) != 1 || len(sb.copies[0].wins) != 1 || sb.copies[0].wins[0].v != 1 {
 		t.Errorf("the repair is remembered as %+v, want k acknowledged up to 1", sb)
+	}
+}
+
+// TestRepairRepeatsOnlyForItsMembers: a repair goes out again only when a
+// member that nacked the repaired batch loses the batch carrying the
+// repair too, and again tagged as the repair of the first batch. A
+// member that merged the first batch skips the repair, so its loss costs
+// nothing: repeating it for any nack made every repair last as long as
+// someone lost each copy, for ever at 1 % loss over a thousand members.
+func TestRepairRepeatsOnlyForItsMembers(t *testing.T) {
+	const x, y = crdt.SlotID(7), crdt.SlotID(8)
+	c := newRepairCore(t)
+	if _, err := c.Allow(tIn, "api", "k", limiter.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	first := c.flush(tIn, 0)
+	c.nacked(first[0].Seq, x)
+	at := tIn
+	next := func() []*crdt.Batch {
+		at = at.Add(c.cfg.SyncInterval)
+		return c.flush(at, 0)
+	}
+	rep := next()
+	if len(rep) != 1 || !slices.Equal(rep[0].Repairs, []crdt.Repair{{Seq: first[0].Seq, N: 1}}) {
+		t.Fatalf("repair batches %+v, want one repairing batch %d", rep, first[0].Seq)
+	}
+	c.nacked(rep[0].Seq, y) // y merged the first batch: it needs nothing
+	for _, b := range next() {
+		if len(b.Repairs) > 0 {
+			t.Fatalf("y's nack of the repair published %v again; y merged batch %d", b.Repairs, first[0].Seq)
+		}
+	}
+	c.nacked(rep[0].Seq, x) // x lost both
+	c.nacked(rep[0].Seq, x) // a repeat of x's nack
+	again := next()
+	if len(again) != 1 || !slices.Equal(again[0].Repairs, []crdt.Repair{{Seq: first[0].Seq, N: 1}}) {
+		t.Fatalf("after x's nack of the repair: %+v, want one batch repairing batch %d once", again, first[0].Seq)
+	}
+	w := c.out.ring[0].wins[0].w
+	c.out.acked(rep[0].Sent, rep[0].Sent)
+	if w.Acked != 0 {
+		t.Errorf("k acknowledged up to %d through a repair x lost, want 0", w.Acked)
+	}
+	c.out.acked(again[0].Sent, again[0].Sent)
+	if w.Acked != 1 {
+		t.Errorf("k acknowledged up to %d through the repair's second copy, want 1", w.Acked)
 	}
 }
