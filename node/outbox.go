@@ -303,8 +303,9 @@ func (o *outbox) startRepair(every, sync time.Duration) {
 // takeRepair appends to dst the next slice of the repair under way,
 // sorted, and clears their marks. It leaves out the windows marked dirty,
 // which this flush publishes fresh (call it before Container.TakeDirty),
-// and, with skipAcked, those acknowledged for self.
-func (o *outbox) takeRepair(dst []*crdt.Window, self crdt.SlotID) []*crdt.Window {
+// and those expired at nowMs, which every member collects or drops, and,
+// with skipAcked, those acknowledged for self.
+func (o *outbox) takeRepair(dst []*crdt.Window, self crdt.SlotID, nowMs int64) []*crdt.Window {
 	n := min(o.repairPer, len(o.repairing))
 	if n == 0 {
 		return dst
@@ -312,7 +313,7 @@ func (o *outbox) takeRepair(dst []*crdt.Window, self crdt.SlotID) []*crdt.Window
 	start := len(dst)
 	for _, w := range o.repairing[:n] {
 		w.Unqueue()
-		if !w.Dirty() && !(o.skipAcked && acknowledged(w, self)) {
+		if !w.Dirty() && !w.Expired(nowMs) && !(o.skipAcked && acknowledged(w, self)) {
 			dst = append(dst, w)
 		}
 	}
@@ -455,6 +456,13 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		}
 		groups = nil
 	}
+	nowMs := c.MeshMs(now)
+	groups = slices.DeleteFunc(groups, func(g *repairCopy) bool {
+		// An expired window is collected or dropped everywhere: its
+		// repairs end there.
+		g.line.wins = slices.DeleteFunc(g.line.wins, func(sw sentWin) bool { return sw.w.Expired(nowMs) })
+		return len(g.line.wins) == 0
+	})
 	for _, g := range groups {
 		for _, sw := range g.line.wins {
 			if sw.w.Queue() { // as published does
@@ -469,7 +477,7 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 		o.startRepair(c.cfg.RepairInterval, c.cfg.SyncInterval)
 		o.skipAcked = c.rulesAgree()
 	}
-	repair := o.takeRepair(nil, c.selfID) // before TakeDirty: it leaves out the fresh
+	repair := o.takeRepair(nil, c.selfID, nowMs) // before TakeDirty: it leaves out the fresh
 	wins, ls := c.c.TakeDirty()
 	c.resetBudgets()
 	if repairDue {

@@ -132,7 +132,7 @@ func TestOutboxRepairSet(t *testing.T) {
 	}
 	c.MarkDirty(ws[1]) // this flush's own
 	o.startRepair(time.Second, 100*time.Millisecond)
-	if wins := o.takeRepair(nil, 0); !slices.Equal(wins, []*crdt.Window{ws[0], ws[3]}) {
+	if wins := o.takeRepair(nil, 0, 0); !slices.Equal(wins, []*crdt.Window{ws[0], ws[3]}) {
 		t.Errorf("repair windows = %v, want a, d (b goes out fresh)", keysOf(wins))
 	}
 	if ls := o.repairLeases(nil); len(ls) != 1 || ls[0] != ws[2].Series() {
@@ -141,12 +141,26 @@ func TestOutboxRepairSet(t *testing.T) {
 	c.TakeDirty()
 	o.published([]*crdt.Window{ws[1]}, nil) // the repair cleared b's mark: it queues again
 	o.startRepair(time.Second, 100*time.Millisecond)
-	if wins := o.takeRepair(nil, 0); !slices.Equal(wins, []*crdt.Window{ws[1]}) {
+	if wins := o.takeRepair(nil, 0, 0); !slices.Equal(wins, []*crdt.Window{ws[1]}) {
 		t.Errorf("second repair = %v, want b", keysOf(wins))
 	}
 	o.startRepair(time.Second, 100*time.Millisecond)
-	if wins, ls := o.takeRepair(nil, 0), o.repairLeases(nil); len(wins)+len(ls) != 0 {
+	if wins, ls := o.takeRepair(nil, 0, 0), o.repairLeases(nil); len(wins)+len(ls) != 0 {
 		t.Errorf("a third repair with nothing published repeats %d values", len(wins)+len(ls))
+	}
+}
+
+// TestOutboxRepairLeavesExpired: a window expired by the time the repair
+// goes out is left out of it (every member has collected it or drops it),
+// so what a repair repeats does not pile up over a run.
+func TestOutboxRepairLeavesExpired(t *testing.T) {
+	set := crdt.NewContainer().Rule("r")
+	old, cur := set.Ensure("a").EnsureWindow(1000, 5), set.Ensure("b").EnsureWindow(1000, 6)
+	o := newOutbox(tIn, time.Second)
+	o.published([]*crdt.Window{old, cur}, nil)
+	o.startRepair(time.Second, 100*time.Millisecond)
+	if wins := o.takeRepair(nil, 0, old.CollectAt()); !slices.Equal(wins, []*crdt.Window{cur}) {
+		t.Errorf("repair at a's expiry = %v, want b only", keysOf(wins))
 	}
 }
 
@@ -166,7 +180,7 @@ func TestOutboxRepairSlices(t *testing.T) {
 	seen := make(map[*crdt.Window]bool)
 	flushes := 0
 	for len(seen) < n && flushes < 10 {
-		part := o.takeRepair(nil, 0)
+		part := o.takeRepair(nil, 0, 0)
 		flushes++
 		if len(part) > n/5+1 {
 			t.Fatalf("flush %d sent %d windows, want at most %d", flushes, len(part), n/5+1)

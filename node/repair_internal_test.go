@@ -169,3 +169,20 @@ func TestRepairRepeatsOnlyForItsMembers(t *testing.T) {
 		t.Errorf("k acknowledged up to %d through the repair's second copy, want 1", w.Acked)
 	}
 }
+
+// TestRepairEndsAtExpiry: a nacked batch's windows are not published
+// again once expired: every member has collected them or drops them.
+func TestRepairEndsAtExpiry(t *testing.T) {
+	c := newRepairCore(t)
+	if _, err := c.Allow(tIn, "api", "k", limiter.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	first := c.flush(tIn, 0)
+	c.nacked(first[0].Seq, 7)
+	late := tIn.Add(3 * time.Hour) // the rule's window is an hour
+	for _, b := range c.flush(late, 0) {
+		if len(b.Windows) > 0 || len(b.Repairs) > 0 {
+			t.Errorf("batch %d at expiry carries %d window entries, repairs %v; want none", b.Seq, len(b.Windows), b.Repairs)
+		}
+	}
+}
