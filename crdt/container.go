@@ -263,7 +263,7 @@ type Series struct {
 // MaxSeriesWindows is the most windows one series holds (24 bits of
 // count). A key's windows of its rule's length are those from two windows
 // back to max_skew ahead and those Collect has not yet reached; a merge of
-// one past it is refused (WindowsFull).
+// one past it is refused (CanEnsure).
 const MaxSeriesWindows = 1<<24 - 1
 
 const (
@@ -301,14 +301,14 @@ func (s *Series) Windows() []*Window {
 	return unsafe.Slice((**Window)(s.wins), s.numWindows())
 }
 
-// WindowsFull reports whether the series holds MaxSeriesWindows windows:
+// windowsFull reports whether the series holds MaxSeriesWindows windows:
 // EnsureWindow must not be asked for a new one.
-func (s *Series) WindowsFull() bool { return s.numWindows() == MaxSeriesWindows }
+func (s *Series) windowsFull() bool { return s.numWindows() == MaxSeriesWindows }
 
 // CanEnsure reports whether EnsureWindow(windowMs, index) may be called:
 // the window is held, or the series has room for it.
 func (s *Series) CanEnsure(windowMs, index int64) bool {
-	return !s.WindowsFull() || s.Window(windowMs, index) != nil
+	return !s.windowsFull() || s.Window(windowMs, index) != nil
 }
 
 // windowsCap is the capacity of an array of its own holding n windows:
@@ -434,13 +434,13 @@ func (s *Series) Window(windowMs, index int64) *Window {
 }
 
 // EnsureWindow returns the window (windowMs, index), creating it if needed.
-// A series holding MaxSeriesWindows (WindowsFull) makes no more: it
-// panics, so a caller that merges what others send asks WindowsFull first.
+// A series holding MaxSeriesWindows makes no more: it panics, so a caller
+// that merges what others send asks CanEnsure first.
 func (s *Series) EnsureWindow(windowMs, index int64) *Window {
 	if w := s.Window(windowMs, index); w != nil {
 		return w
 	}
-	if s.WindowsFull() {
+	if s.windowsFull() {
 		panic("crdt: a series holding MaxSeriesWindows windows asked for another")
 	}
 	w := &Window{WindowMs: windowMs, Index: index, series: s}

@@ -576,17 +576,11 @@ func (c *Core) mergeEntries(now time.Time, b *crdt.Batch, leases bool, from, by 
 			}
 			continue
 		}
-		se := c.seriesFor(set, e.Key, by)
-		if se == nil {
+		w := c.windowFor(set, e.Key, e.WindowMs, e.Window, by)
+		if w == nil {
 			whole = false
 			continue
 		}
-		if !se.CanEnsure(e.WindowMs, e.Window) {
-			c.stats.DroppedWindowLength++ // crdt.MaxSeriesWindows: only with a max_skew of hours
-			whole = false
-			continue
-		}
-		w := se.EnsureWindow(e.WindowMs, e.Window)
 		if c.deferring {
 			c.deferred = append(c.deferred, deferredRaise{w: w, id: id, adm: e.Admitted, att: e.Attempted})
 			continue

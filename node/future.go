@@ -118,15 +118,10 @@ func (c *Core) mergeFuture(nowMs int64) {
 			c.stats.DroppedWindowLength++
 			continue
 		}
-		s := c.seriesFor(l.Set(), e.key, e.by)
-		if s == nil {
+		w := c.windowFor(l.Set(), e.key, e.windowMs, e.window, e.by)
+		if w == nil {
 			continue
 		}
-		if !s.CanEnsure(e.windowMs, e.window) {
-			c.stats.DroppedWindowLength++
-			continue
-		}
-		w := s.EnsureWindow(e.windowMs, e.window)
 		if w.Raise(e.id, e.admitted, e.attempted) {
 			c.stats.EntriesMerged++
 			c.notePersist(w)

@@ -37,6 +37,23 @@ func (c *Core) seriesFor(set *crdt.RuleSet, key string, m *member) *crdt.Series 
 	return s
 }
 
+// windowFor returns the window (windowMs, index) of key in set for an
+// entry m sent, the key made on m's account if set does not hold it
+// (seriesFor), or nil when the entry is dropped, counted: m is at its key
+// budget, or the key holds crdt.MaxSeriesWindows (only with a max_skew of
+// hours).
+func (c *Core) windowFor(set *crdt.RuleSet, key string, windowMs, index int64, m *member) *crdt.Window {
+	s := c.seriesFor(set, key, m)
+	if s == nil {
+		return nil
+	}
+	if !s.CanEnsure(windowMs, index) {
+		c.stats.DroppedWindowLength++
+		return nil
+	}
+	return s.EnsureWindow(windowMs, index)
+}
+
 // overKeyBudget notes an entry of m's dropped because m is at its key
 // budget.
 func (c *Core) overKeyBudget(m *member) {
