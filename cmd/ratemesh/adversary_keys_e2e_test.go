@@ -73,20 +73,7 @@ func TestServeKeyFloodAdversary(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	l := &liar{m: pm.adversary(ctx), slot: crdt.Slot{Peer: advID, Incarnation: uint64(time.Now().UnixMilli())}}
-	// The liar introduces itself with empty batches until every member
-	// holds it alive: its gossip reaches them all, directly or through
-	// their topic mesh.
-	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
-		if err := l.publish(ctx, &crdt.Batch{}); err != nil {
-			return false, "the liar's hello: " + err.Error()
-		}
-		for i, p := range ps {
-			if st := p.states(t)[advID]; st != "alive" {
-				return false, fmt.Sprintf("node %d sees the liar %q, want alive", i, st)
-			}
-		}
-		return true, ""
-	})
+	l.introduce(ctx, t, ps)
 
 	// The flood, as fast as the liar can publish it.
 	floodStart := time.Now()
@@ -253,6 +240,67 @@ func TestServeKeyFloodAdversary(t *testing.T) {
 	}
 }
 
+// TestServeWindowLengthAdversary: an allowlisted member that lies
+// publishes, in one gossip batch of its own slot, entries for a key every
+// node holds under 2,000 window lengths its rule does not have (1 s to
+// 3 s; the rule's window is an hour), then its slot of a marker key.
+// Before, each length made a window of its own at every node, none of
+// which a decision reads. Every node drops them, counts them
+// (ratemesh_entries_dropped_total{reason="window_length"}), and holds the
+// two windows of the rule's length it held before: the key's and the
+// marker's.
+func TestServeWindowLengthAdversary(t *testing.T) {
+	bin := buildBinary(t)
+	const (
+		rule     = "k"
+		windowMs = 3_600_000
+		lengths  = 2000
+	)
+	pm := startPrivateMesh(t, bin, fmt.Sprintf("rules:\n  - {name: %s, algorithm: fixed_window, limit: 30, window: 1h}\n", rule))
+	ps, advID := pm.ps, pm.advID.String()
+	w := alignWindow(t, ps[0], rule, "h", windowMs, 20*time.Second)
+	admitN(t, ps[0], rule, "h", 1)
+	waitTotals(t, ps, rule, "h", w, 1, 5*time.Second, "every node holds the honest key")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	l := &liar{m: pm.adversary(ctx), slot: crdt.Slot{Peer: advID, Incarnation: uint64(time.Now().UnixMilli())}}
+	l.introduce(ctx, t, ps)
+	nowMs := time.Now().UnixMilli()
+	b := &crdt.Batch{}
+	for ms := int64(1000); ms < 1000+lengths; ms++ {
+		b.Windows = append(b.Windows, crdt.WindowEntry{Rule: rule, Key: "h", WindowMs: ms, Window: nowMs / ms, Admitted: 1, Attempted: 1})
+	}
+	// The marker last: a node that holds it has merged the whole batch.
+	b.Windows = append(b.Windows, crdt.WindowEntry{Rule: rule, Key: "marker", WindowMs: windowMs, Window: nowMs / windowMs, Attempted: 1})
+	if err := l.publish(ctx, b); err != nil {
+		t.Fatalf("the liar publishes: %v", err)
+	}
+	testutil.Eventually(t, 15*time.Second, func() (bool, string) {
+		for i, p := range ps {
+			u, err := p.usage(rule, "marker")
+			if err != nil {
+				return false, fmt.Sprintf("node %d: marker: %v", i, err)
+			}
+			if len(u.Slots) == 0 {
+				return false, fmt.Sprintf("node %d holds no marker of the liar's", i)
+			}
+		}
+		return true, ""
+	})
+	for i, p := range ps {
+		text := metrics(t, p)
+		if got := metricValue(text, `ratemesh_windows{rule="k"}`); got != 2 {
+			t.Errorf("node %d holds %v windows of rule k, want 2 (the honest key's and the marker's)", i, got)
+		}
+		if got := metricValue(text, `ratemesh_entries_dropped_total{reason="window_length"}`); got < lengths {
+			t.Errorf("node %d counts %v entries dropped as window_length, want at least %d", i, got, lengths)
+		}
+	}
+	// The honest key's count is untouched: one admission, the rule's window.
+	waitTotals(t, ps, rule, "h", w, 1, 5*time.Second, "the honest key still counts 1 at every node")
+}
+
 // liar publishes gossip batches of its own slot through a real transport.
 // It is safe for concurrent use.
 type liar struct {
@@ -277,6 +325,24 @@ func (l *liar) publish(ctx context.Context, b *crdt.Batch) error {
 	b.Version, b.From, b.Seq, b.Sent, b.Clock, b.Ack = crdt.Version, l.slot, l.seq, nowMs, nowMs, nowMs
 	b.Flags |= crdt.FlagEcho
 	return l.m.Publish(ctx, b)
+}
+
+// introduce publishes empty batches of the liar's until every node of ps
+// holds it alive: its gossip reaches them all, directly or through their
+// topic mesh.
+func (l *liar) introduce(ctx context.Context, t *testing.T, ps []*proc) {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
+		if err := l.publish(ctx, &crdt.Batch{}); err != nil {
+			return false, "the liar's hello: " + err.Error()
+		}
+		for i, p := range ps {
+			if st := p.states(t)[l.slot.Peer]; st != "alive" {
+				return false, fmt.Sprintf("node %d sees the liar %q, want alive", i, st)
+			}
+		}
+		return true, ""
+	})
 }
 
 // metricSum returns the sum of every sample of name in text, whatever its
