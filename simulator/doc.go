@@ -130,8 +130,9 @@
 // # Speed
 //
 // Requests are generated inline, per millisecond, never queued; deliveries
-// wait in a timing wheel of per-millisecond, per-receiver inboxes, and each
-// receiver is stepped through its inbox in one go. Options.Workers > 1 steps
+// wait in a timing wheel of per-millisecond inboxes, are handed to their
+// receivers by receiver when due, and each receiver is stepped through what
+// it was handed in one go. Options.Workers > 1 steps
 // disjoint ranges of receivers in parallel within one millisecond: cores
 // share nothing and each still sees the same calls in the same order, so the
 // outputs do not change (a test checks this under the race detector). The

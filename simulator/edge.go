@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/ratemesh/ratemesh/crdt"
+	"github.com/ratemesh/ratemesh/node"
 )
 
 // The leading edge. The node runtime publishes a member's own changes
@@ -55,29 +56,63 @@ func (s *sim) pushEdge(r int, wait time.Duration) {
 }
 
 // edgesDue runs the leading edges due now, in the order of the heap:
-// by time, then by the order they were scheduled in.
+// by time, then by the order they were scheduled in. What an edge does to
+// its own node (step its pending deliveries, read its last batch, Flush)
+// touches that node alone, so the edges due run it as jobs, in parallel
+// with Workers > 1; what they hand over (handle, pushEdge) runs after, in
+// heap order. Nothing an edge hands over reaches a node this millisecond:
+// handle schedules deliveries at least a millisecond ahead and pushEdge
+// edges too, so every edge due now is on the heap before the first runs.
 func (s *sim) edgesDue() error {
+	s.jobs = s.jobs[:0]
 	for len(s.edges) > 0 && s.edges[0].at <= s.now {
 		e := heap.Pop(&s.edges).(simEvent)
-		r := e.node
-		n := s.nodes[r]
+		n := s.nodes[e.node]
 		if !n.up || n.edge != e.seq {
 			continue // the node crashed, left or restarted since
 		}
 		n.edge = 0
-		s.nPending -= len(s.pending[r])
-		if err := s.flush(r); err != nil {
-			return err
-		}
-		now := s.local(r)
-		if wait := publishWait(now, n.core.LastPublished(), s.gap); wait > 0 {
-			s.pushEdge(r, wait) // a Tick published since the edge was armed
+		s.jobs = append(s.jobs, int32(e.node))
+	}
+	if len(s.jobs) == 0 {
+		return nil
+	}
+	order := append(s.edgeOrder[:0], s.jobs...) // runJobs may sort s.jobs
+	s.edgeOrder = order
+	load := 16 * len(s.jobs) // a Flush and its Ready, as much as 16 deliveries
+	for _, r := range s.jobs {
+		load += len(s.pending[r])
+	}
+	if err := s.runJobs(load, s.edge); err != nil {
+		return err
+	}
+	for _, r := range order {
+		if wait := s.edgeWait[r]; wait > 0 {
+			s.pushEdge(int(r), wait) // a Tick published since the edge was armed
 			continue
 		}
-		n.core.Flush(now)
-		if err := s.handle(r, n.core.Ready()); err != nil {
+		rd := s.readies[r]
+		s.readies[r] = node.Ready{}
+		if err := s.handle(int(r), rd); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// edge is node r's part of its leading edge (see edgesDue): it steps the
+// node's pending deliveries and either notes how long its last batch
+// holds the edge off (edgeWait[r]) or flushes the core into readies[r].
+func (s *sim) edge(r int) error {
+	if err := s.flush(r); err != nil {
+		return err
+	}
+	n := s.nodes[r]
+	now := s.local(r)
+	s.edgeWait[r] = publishWait(now, n.core.LastPublished(), s.gap)
+	if s.edgeWait[r] <= 0 {
+		n.core.Flush(now)
+		s.readies[r] = n.core.Ready()
 	}
 	return nil
 }

@@ -56,8 +56,8 @@ type simNode struct {
 
 // inMsg is one batch due at one receiver.
 type inMsg struct {
-	b    *crdt.Batch
-	from int32
+	b        *crdt.Batch
+	from, to int32
 }
 
 // pendMsg is one batch delivered to a receiver that has not stepped it
@@ -155,8 +155,9 @@ const (
 //     same order, rebuilt by refreshUp after every change, which bumps
 //     upVer (the workloads' cached pools compare it).
 //   - Delivery: inbox is a timing wheel of len(inbox) = mask+1 (a power
-//     of two beyond the largest delay) per-millisecond slots of
-//     per-receiver batches, slot now&mask due now; pending holds, per
+//     of two beyond the largest delay) per-millisecond slots of the
+//     copies scheduled for it (receiver and batch, in the order
+//     scheduled), slot now&mask due now; pending holds, per
 //     receiver, the batches delivered and not yet stepped, nPending
 //     their total. A receiver's pending batches are stepped before
 //     anything reads or drives its core: its requests and Tick (job),
@@ -184,10 +185,10 @@ const (
 //     (subintervals.go) and sides (sides.go).
 //
 // Determinism: only serial code draws from rng or writes what nodes
-// share. The jobs of different nodes (work, flushAll) may run in parallel
-// (Options.Workers); a job touches only its node's core and its node's
-// slots (pending[r], jobCalls[r], readies[r], held[r], sides.tick[r] and
-// its own calls), and the serial code after it reads them in node order,
+// share. The jobs of different nodes (work, flushAll, edgesDue) may run in
+// parallel (Options.Workers); a job touches only its node's core and its
+// node's slots (pending[r], jobCalls[r], readies[r], edgeWait[r], held[r],
+// sides.tick[r] and its own calls), and the serial code after it reads them in node order,
 // so no output depends on Workers.
 type sim struct {
 	sc      *Scenario
@@ -204,12 +205,16 @@ type sim struct {
 	jitNs   int64
 	loss    float64
 
-	inbox       [][][]inMsg // [ms slot][receiver]
+	inbox       [][]inMsg   // [ms slot]: in the order scheduled
+	byTo        []inMsg     // deliver's scratch: the slot's batches by receiver
+	toCount     []int32     // deliver's scratch: per receiver, then where its run ends
 	pending     [][]pendMsg // per receiver: delivered, not stepped yet
 	nPending    int
 	calls       []allowCall
 	due         []int32         // nodes whose Tick is due now, in upList order
-	readies     []node.Ready    // per node: the Ready of its Tick this ms
+	readies     []node.Ready    // per node: the Ready of its Tick or edge this ms
+	edgeWait    []time.Duration // per node: how long its last batch holds its edge off (edgesDue)
+	edgeOrder   []int32         // the edges due this ms, in heap order (edgesDue)
 	forming     [][]*crdt.Batch // per initial node: its full state, while the mesh forms (handle)
 	jobs        []int32         // nodes stepped this ms
 	jobCalls    [][]int32       // per node: its calls this ms, in order
@@ -305,12 +310,11 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		size <<= 1
 	}
 	total := sc.total()
-	s.inbox = make([][][]inMsg, size)
-	for i := range s.inbox {
-		s.inbox[i] = make([][]inMsg, total)
-	}
+	s.inbox = make([][]inMsg, size)
+	s.toCount = make([]int32, total)
 	s.pending = make([][]pendMsg, total)
 	s.readies = make([]node.Ready, total)
+	s.edgeWait = make([]time.Duration, total)
 	s.jobCalls = make([][]int32, total)
 	s.isJob = make([]bool, total)
 	s.isDue = make([]bool, total)
@@ -575,10 +579,39 @@ func (s *sim) step() error {
 // through the cache every millisecond.
 func (s *sim) deliver() {
 	box := s.inbox[s.now&s.mask]
-	for r, msgs := range box {
-		if len(msgs) == 0 {
-			continue
+	if len(box) == 0 {
+		return
+	}
+	// By receiver, each receiver's in the order scheduled (a counting
+	// sort): a slot is filled sender by sender, and appending each copy
+	// to its receiver's list when it is scheduled would miss the cache
+	// on every copy.
+	counts := s.toCount
+	for _, m := range box {
+		counts[m.to]++
+	}
+	end := int32(0)
+	for r, c := range counts {
+		end += c
+		counts[r] = end
+	}
+	byTo := slices.Grow(s.byTo[:0], len(box))[:len(box)]
+	for i := len(box) - 1; i >= 0; i-- {
+		m := box[i]
+		counts[m.to]--
+		byTo[counts[m.to]] = m
+	}
+	clear(box)
+	s.inbox[s.now&s.mask] = box[:0]
+	clear(counts)
+	for lo := 0; lo < len(byTo); {
+		r := int(byTo[lo].to)
+		hi := lo + 1
+		for hi < len(byTo) && int(byTo[hi].to) == r {
+			hi++
 		}
+		msgs := byTo[lo:hi]
+		lo = hi
 		n := s.nodes[r]
 		if n.up {
 			nowNs := int64(s.local(r).Sub(epoch))
@@ -595,14 +628,14 @@ func (s *sim) deliver() {
 				s.arm(r) // edge.go: the runtime publishes a nack's repair on its leading edge
 			}
 		}
-		for k, m := range msgs {
+		for _, m := range msgs {
 			if s.nOpen > 0 && len(s.open[m.from]) > 0 && n.up && n.group == s.nodes[m.from].group {
 				s.noteDelivery(int(m.from), r, m.b)
 			}
-			msgs[k] = inMsg{}
 		}
-		box[r] = msgs[:0]
 	}
+	clear(byTo)
+	s.byTo = byTo[:0]
 }
 
 // flush steps receiver r through its pending deliveries.

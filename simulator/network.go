@@ -31,7 +31,7 @@ func (s *sim) countDirect(from int, bs []*crdt.Batch) error {
 
 func (s *sim) schedule(from int, to int32, b *crdt.Batch, delayMs int64) {
 	slot := (s.now + delayMs) & s.mask
-	s.inbox[slot][to] = append(s.inbox[slot][to], inMsg{b: b, from: int32(from)})
+	s.inbox[slot] = append(s.inbox[slot], inMsg{b: b, from: int32(from), to: to})
 }
 
 func (s *sim) delayMs() int64 {
