@@ -58,12 +58,13 @@ type simNode struct {
 type inMsg struct {
 	b        *crdt.Batch
 	from, to int32
+	nacks    bool // b may nack a batch of the receiver: it names its peer
 }
 
-// pendMsg is one batch delivered to a receiver that has not stepped it
-// yet: the receiver's local clock at delivery, and the virtual ms.
-type pendMsg struct {
-	b     *crdt.Batch
+// pendRun is one millisecond's batches in a receiver's pending list: how
+// many, the receiver's local clock at their delivery, and the virtual ms.
+type pendRun struct {
+	n     int
 	nowNs int64 // local clock at delivery, in ns since epoch
 	at    int64 // virtual ms of the delivery
 }
@@ -205,10 +206,14 @@ type sim struct {
 	jitNs   int64
 	loss    float64
 
-	inbox       [][]inMsg   // [ms slot]: in the order scheduled
-	byTo        []inMsg     // deliver's scratch: the slot's batches by receiver
-	toCount     []int32     // deliver's scratch: per receiver, then where its run ends
-	pending     [][]pendMsg // per receiver: delivered, not stepped yet
+	inbox       [][]inMsg        // [ms slot]: in the order scheduled
+	byTo        []inMsg          // deliver's scratch: the slot's batches by receiver
+	toCount     []int32          // deliver's scratch: per receiver, then where its run ends
+	pending     [][]*crdt.Batch  // per receiver: delivered, not stepped yet
+	runs        [][]pendRun      // per receiver: its pending batches' deliveries
+	peerIdx     map[string]int32 // node index by peer
+	nackMark    []bool           // per node: named by the nacks of the batch being published
+	marked      []int32          // markNacks's scratch
 	nPending    int
 	calls       []allowCall
 	due         []int32         // nodes whose Tick is due now, in upList order
@@ -301,6 +306,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 		jitNs:     int64(sc.Network.Jitter),
 		loss:      sc.Network.Loss,
 		ruleIdx:   map[string]int{},
+		peerIdx:   map[string]int32{},
 		partStart: -1,
 		gap:       sc.PublishGap,
 	}
@@ -312,7 +318,9 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 	total := sc.total()
 	s.inbox = make([][]inMsg, size)
 	s.toCount = make([]int32, total)
-	s.pending = make([][]pendMsg, total)
+	s.pending = make([][]*crdt.Batch, total)
+	s.runs = make([][]pendRun, total)
+	s.nackMark = make([]bool, total)
 	s.readies = make([]node.Ready, total)
 	s.edgeWait = make([]time.Duration, total)
 	s.jobCalls = make([][]int32, total)
@@ -331,6 +339,7 @@ func newSim(sc *Scenario, opt Options) (*sim, error) {
 	s.nodes = make([]*simNode, total)
 	for i := range s.nodes {
 		s.nodes[i] = &simNode{peer: fmt.Sprintf("n%0*d", width, i)}
+		s.peerIdx[s.nodes[i].peer] = int32(i)
 	}
 	s.open = make([][]*sample, total)
 	s.downStart = make([]int64, total)
@@ -614,15 +623,18 @@ func (s *sim) deliver() {
 		lo = hi
 		n := s.nodes[r]
 		if n.up {
-			nowNs := int64(s.local(r).Sub(epoch))
 			nacked := false
+			k := len(s.pending[r])
 			for _, m := range msgs {
 				if n.group != s.nodes[m.from].group {
 					continue // cut while in flight
 				}
-				s.pending[r] = append(s.pending[r], pendMsg{b: m.b, nowNs: nowNs, at: s.now})
-				s.nPending++
-				nacked = nacked || s.gap > 0 && nacks(m.b, n.core.Self())
+				s.pending[r] = append(s.pending[r], m.b)
+				nacked = nacked || s.gap > 0 && m.nacks && nacks(m.b, n.core.Self())
+			}
+			if k = len(s.pending[r]) - k; k > 0 {
+				s.runs[r] = append(s.runs[r], pendRun{n: k, nowNs: int64(s.local(r).Sub(epoch)), at: s.now})
+				s.nPending += k
 			}
 			if nacked {
 				s.arm(r) // edge.go: the runtime publishes a nack's repair on its leading edge
@@ -640,19 +652,27 @@ func (s *sim) deliver() {
 
 // flush steps receiver r through its pending deliveries.
 func (s *sim) flush(r int) error {
-	msgs := s.pending[r]
-	if len(msgs) == 0 {
+	bs, runs := s.pending[r], s.runs[r]
+	if len(bs) == 0 {
 		return nil
 	}
-	i, err := s.nodes[r].core.StepMany(len(msgs), func(i int) (time.Time, time.Time, *crdt.Batch) {
-		at := epoch.Add(time.Duration(msgs[i].nowNs))
-		return at, at, msgs[i].b
+	run, end := 0, runs[0].n // the run of batch i, and where it ends
+	i, err := s.nodes[r].core.StepMany(len(bs), func(i int) (time.Time, time.Time, *crdt.Batch) {
+		for i >= end {
+			run++
+			end += runs[run].n
+		}
+		at := epoch.Add(time.Duration(runs[run].nowNs))
+		return at, at, bs[i]
 	})
 	if err != nil {
-		return &stepError{at: msgs[i].at, err: fmt.Errorf("node %d: %w", r, err)}
+		for run, end = 0, runs[0].n; i >= end; end += runs[run].n {
+			run++
+		}
+		return &stepError{at: runs[run].at, err: fmt.Errorf("node %d: %w", r, err)}
 	}
-	clear(msgs)
-	s.pending[r] = msgs[:0]
+	clear(bs)
+	s.pending[r], s.runs[r] = bs[:0], runs[:0]
 	return nil
 }
 

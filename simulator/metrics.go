@@ -222,8 +222,8 @@ func (s *sim) merges(r int, b *crdt.Batch, k int) bool {
 			break
 		}
 	}
-	for _, p := range s.pending[r] {
-		if p.b.Seq == seq && p.b.From == b.From && !p.b.Has(crdt.FlagFull) {
+	for _, pb := range s.pending[r] {
+		if pb.Seq == seq && pb.From == b.From && !pb.Has(crdt.FlagFull) {
 			return false
 		}
 	}

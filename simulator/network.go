@@ -29,9 +29,33 @@ func (s *sim) countDirect(from int, bs []*crdt.Batch) error {
 	return nil
 }
 
-func (s *sim) schedule(from int, to int32, b *crdt.Batch, delayMs int64) {
+// schedule sends b from node from to node to, delivered delayMs from now;
+// nacks says whether b may nack a batch of to (see markNacks).
+func (s *sim) schedule(from int, to int32, b *crdt.Batch, delayMs int64, nacks bool) {
 	slot := (s.now + delayMs) & s.mask
-	s.inbox[slot] = append(s.inbox[slot], inMsg{b: b, from: int32(from), to: to})
+	s.inbox[slot] = append(s.inbox[slot], inMsg{b: b, from: int32(from), to: to, nacks: nacks})
+}
+
+// markNacks marks, in nackMark, the nodes whose peer a nack of b names,
+// and returns them for unmarkNacks. The receiver compares the nack with
+// its own slot when it is delivered (its incarnation may change before):
+// a node whose peer no nack names needs not look.
+func (s *sim) markNacks(b *crdt.Batch) []int32 {
+	marked := s.marked[:0]
+	for _, nk := range b.Nacks {
+		if i, ok := s.peerIdx[nk.Slot.Peer]; ok && !s.nackMark[i] {
+			s.nackMark[i] = true
+			marked = append(marked, i)
+		}
+	}
+	s.marked = marked
+	return marked
+}
+
+func (s *sim) unmarkNacks(marked []int32) {
+	for _, i := range marked {
+		s.nackMark[i] = false
+	}
 }
 
 func (s *sim) delayMs() int64 {
@@ -67,6 +91,8 @@ func (s *sim) publish(from int, b *crdt.Batch) error {
 	}
 	g := s.nodes[from].group
 	smp := s.maybeSample(from, b)
+	marked := s.markNacks(b)
+	defer s.unmarkNacks(marked)
 	for _, r := range s.upList {
 		if int(r) == from || s.nodes[r].group != g {
 			continue
@@ -77,7 +103,7 @@ func (s *sim) publish(from int, b *crdt.Batch) error {
 		if s.loss > 0 && s.rng.Float64() < s.loss {
 			continue
 		}
-		s.schedule(from, r, b, s.delayMs())
+		s.schedule(from, r, b, s.delayMs(), s.nackMark[r])
 	}
 	if smp != nil {
 		s.closeDone(from)
@@ -90,7 +116,7 @@ func (s *sim) publish(from int, b *crdt.Batch) error {
 func (s *sim) direct(from, to int, bs []*crdt.Batch) {
 	d := s.delayMs()
 	for _, b := range bs {
-		s.schedule(from, int32(to), b, d)
+		s.schedule(from, int32(to), b, d, len(b.Nacks) > 0)
 	}
 }
 
