@@ -100,3 +100,5 @@ const MaxSuggestPerSender = maxSuggestPerSender
 // Pending reports whether own changes of c wait for the next gossip batch
 // (what the runtime's leading edge asks).
 func Pending(c *Core) bool { return c.pending() }
+
+const StepAhead = stepAhead
