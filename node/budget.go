@@ -19,9 +19,13 @@ import "github.com/ratemesh/ratemesh/limiter"
 // simulator publishes on its ticks and leading edges and does not consult
 // it.
 
-// unpublished is the credits of one rule admitted since the last batch.
+// unpublished is the credits of one rule admitted since the last batch
+// (credits), and those in batches built but not yet handed to the
+// Transport (built: a batch is built under the node's mutex and published
+// after it is released, and a kill in between loses it too).
 type unpublished struct {
 	credits uint64
+	built   uint64
 }
 
 // noteRequest is noteAdmitted for a decision on req.
@@ -53,20 +57,43 @@ func (c *Core) noteAdmitted(l *limiter.Limiter, d *limiter.Decision, cost uint64
 		c.unpub[l] = u
 	}
 	u.credits += cost
-	budget := f * float64(l.Rule().Limit) / float64(max(c.members.n, 1))
-	if float64(u.credits) >= budget {
+	if float64(u.credits+u.built) >= c.budgetOf(l) {
 		c.overBudget = true
 	}
 }
 
-// OverBudget reports whether some rule's credits admitted since the last
-// batch are past its publish budget: the runtime publishes (Flush) before
-// it answers.
+// budgetOf returns l's rule's publish budget: the configured fraction of
+// the member's share.
+func (c *Core) budgetOf(l *limiter.Limiter) float64 {
+	return c.cfg.publishBudget() * float64(l.Rule().Limit) / float64(max(c.members.n, 1))
+}
+
+// OverBudget reports whether some rule's credits admitted and not handed
+// to the Transport — since the last batch, or in batches built and not
+// yet Handed — reach its publish budget: the runtime publishes (Flush)
+// before it answers, and when a batch is on its way already, waits for it.
 func (c *Core) OverBudget() bool { return c.overBudget }
 
-// published resets the budgets: a batch carries every admission so far.
-func (c *Core) resetBudgets() {
+// Handed tells the core that the batches it built so far (the Messages of
+// the Readies taken) are handed to the Transport: their credits leave the
+// budgets. A runtime that consults OverBudget calls it after publishing,
+// before it lets anyone else build; one that does not (the simulator)
+// needs not.
+func (c *Core) Handed() {
+	c.overBudget = false
+	for l, u := range c.unpub {
+		u.built = 0
+		if float64(u.credits) >= c.budgetOf(l) {
+			c.overBudget = true
+		}
+	}
+}
+
+// builtBudgets moves the credits admitted so far into the batch being
+// built (flush): they count against the budget until Handed.
+func (c *Core) builtBudgets() {
 	for _, u := range c.unpub {
+		u.built += u.credits
 		u.credits = 0
 	}
 	c.overBudget = false

@@ -479,7 +479,7 @@ func (c *Core) flush(now time.Time, flags uint64) []*crdt.Batch {
 	}
 	repair := o.takeRepair(nil, c.selfID, nowMs) // before TakeDirty: it leaves out the fresh
 	wins, ls := c.c.TakeDirty()
-	c.resetBudgets()
+	c.builtBudgets()
 	if repairDue {
 		// The fresh values go out now, with the repair: the next repair
 		// repeats only what changes after it.

@@ -13,8 +13,8 @@ import (
 // same hold of mu, by taking the Ready, and then by handle.
 //
 // The caller holds pubMu, taken before mu; handle publishes Messages on
-// ctx, in order, and then releases pubMu, so batches go out in the order
-// of their Seq. Then it sends each Direct (from goroutines of their own),
+// ctx, in order, tells the core they are handed over (Core.Handed), and
+// then releases pubMu, so batches go out in the order of their Seq. Then it sends each Direct (from goroutines of their own),
 // logs the changes, answers members heard again, saves a new incarnation
 // and marks the node ready. It returns how long after now the core next
 // has timed work (Ready.NextTick, at most SyncInterval), or 0 when rd
@@ -28,6 +28,13 @@ func (n *Node) handle(ctx context.Context, now time.Time, rd Ready) (time.Durati
 		}
 	}
 	err := n.publish(ctx, rd.Messages)
+	if len(rd.Messages) > 0 {
+		// Their admissions leave the publish budget only now: a decision
+		// that took it there while they were on their way waited (pubMu).
+		n.mu.Lock()
+		n.core.Handed()
+		n.mu.Unlock()
+	}
 	n.pubMu.Unlock()
 	n.sendDirect(rd.Direct) // full states and relays of our whole view
 	var again []string
