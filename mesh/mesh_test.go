@@ -178,9 +178,13 @@ func TestLifecycle(t *testing.T) {
 	if err := m.Start(ctx, &recorder{}); err == nil {
 		t.Error("second Start succeeded")
 	}
-	// Publishing with nobody listening is not an error.
+	// Publishing with nobody listening is not an error, and goes no
+	// further than the encoding.
 	if err := m.Publish(ctx, batch(m.PeerID(), 1, "k", 1)); err != nil {
 		t.Errorf("Publish alone: %v", err)
+	}
+	if st := m.Stats(); st.PublishedAlone != 1 || st.Published != 0 {
+		t.Errorf("after publishing alone: PublishedAlone %d, Published %d; want 1, 0", st.PublishedAlone, st.Published)
 	}
 	// Our own validator runs on what we publish.
 	if err := m.Publish(ctx, batch("12D3KooWSomebodyElse", 2, "k", 1)); err == nil {
