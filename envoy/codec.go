@@ -27,7 +27,7 @@ func newCodec() codec { return codec{proto: encoding.GetCodecV2(grpcproto.Name)}
 func (codec) Name() string { return grpcproto.Name }
 
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	if m, ok := v.(*rlspb.RateLimitResponse); ok {
+	if m, ok := v.(*rlspb.RateLimitResponse); ok && m != nil {
 		if n, ok := responseSize(m); ok && mem.IsBelowBufferPoolingThreshold(n) {
 			return mem.BufferSlice{mem.SliceBuffer(appendResponse(make([]byte, 0, n), m))}, nil
 		}

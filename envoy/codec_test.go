@@ -96,6 +96,10 @@ func TestCodecResponse(t *testing.T) {
 	} {
 		check(m, false)
 	}
+	// A nil response, as protobuf encodes it: nothing.
+	if got := codecMarshal(t, (*rlspb.RateLimitResponse)(nil)); len(got) != 0 {
+		t.Errorf("a nil response: got %x, want nothing", got)
+	}
 	// Other messages too.
 	h := &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}
 	want, _ := proto.Marshal(h)
