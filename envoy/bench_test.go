@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
 	"github.com/ratemesh/ratemesh/envoy"
 )
 
@@ -32,5 +34,21 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// BenchmarkLookup is one descriptor's match, as in the harness: one entry
+// whose value is the counter key.
+func BenchmarkLookup(b *testing.B) {
+	desc, err := envoy.Parse(envoy.File{Name: "bench.yaml", Data: []byte("domain: bench\ndescriptors:\n  - key: key\n    rate_limit: {unit: second, requests_per_unit: 1000}\n")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	entries := []*rlcommon.RateLimitDescriptor_Entry{{Key: "key", Value: "k4242"}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if m, ok := desc.Lookup("bench", entries); !ok || m.Key != "k4242" || m.StatKey != "bench.key" {
+			b.Fatalf("%+v %v", m, ok)
+		}
 	}
 }

@@ -92,7 +92,11 @@ type Entry struct {
 	File string
 	Line int
 
-	finalKey  string // key, or key_value
+	finalKey string // key, or key_value
+	// plainStat: no entry from the domain to this one asks for
+	// value_to_metric (without share_threshold), so that a match's
+	// statistics key is FullKey unless this one asks for detailed_metric.
+	plainStat bool
 	id        string // see pathID
 	children  map[string]*Entry
 	wildcards []string // children's final keys ending in '*', in file order
@@ -445,7 +449,7 @@ func (p *parser) file_(data []byte) (*Entry, error) {
 		return nil, p.errf(top.Line, "", "config file cannot have empty domain")
 	}
 	p.domain = root.Key
-	root.FullKey, root.id = root.Key, idPart(root.Key)
+	root.FullKey, root.id, root.plainStat = root.Key, idPart(root.Key), true
 	if err := p.descriptors(root, descs); err != nil {
 		return nil, err
 	}
@@ -567,6 +571,7 @@ func (p *parser) descriptors(parent *Entry, v *yaml.Node) error {
 			e.finalKey += "_" + e.Value
 		}
 		e.FullKey = parent.FullKey + "." + e.finalKey
+		e.plainStat = parent.plainStat && !(e.ValueToMetric && !e.ShareThreshold)
 		e.id = parent.id + idPart(e.finalKey)
 		if _, dup := parent.children[e.finalKey]; dup {
 			return p.errf(n.Line, "", "duplicate descriptor composite key '%s'", e.FullKey)

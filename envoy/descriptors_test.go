@@ -267,3 +267,59 @@ func TestWithShareWait(t *testing.T) {
 		t.Errorf("unknown domain: %v", err)
 	}
 }
+
+// TestStatKeys: a match's statistics key is each level's final key, or
+// key_value at a level with value_to_metric (but not with
+// share_threshold), or every key_value with detailed_metric.
+func TestStatKeys(t *testing.T) {
+	d, err := envoy.Parse(envoy.File{Name: "f.yaml", Data: []byte(`
+domain: d
+descriptors:
+  - key: a
+    descriptors:
+      - key: b
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: m
+    value_to_metric: true
+    descriptors:
+      - key: n
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: det
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: w
+    value: pre*
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: f
+    value: fixed
+    rate_limit: {unit: second, requests_per_unit: 1}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		kvs  []string
+		want string
+	}{
+		{[]string{"a", "x", "b", "y"}, "d.a.b"},
+		{[]string{"m", "v1", "n", "v2"}, "d.m_v1.n"},
+		{[]string{"m", "", "n", "v2"}, "d.m.n"},
+		{[]string{"det", "v"}, "d.det_v"},
+		{[]string{"w", "prefix1"}, "d.w_pre*"},
+		{[]string{"f", "fixed"}, "d.f_fixed"},
+	} {
+		var es []*rlcommon.RateLimitDescriptor_Entry
+		for i := 0; i < len(c.kvs); i += 2 {
+			es = append(es, &rlcommon.RateLimitDescriptor_Entry{Key: c.kvs[i], Value: c.kvs[i+1]})
+		}
+		m, ok := d.Lookup("d", es)
+		if !ok {
+			t.Fatalf("%v: no match", c.kvs)
+		}
+		if m.StatKey != c.want {
+			t.Errorf("%v: statistics key %q, want %q", c.kvs, m.StatKey, c.want)
+		}
+	}
+}

@@ -41,8 +41,10 @@ func (d *Descriptors) Lookup(domain string, entries []*rlcommon.RateLimitDescrip
 		return Match{}, false
 	}
 	var found *Entry
-	var vars []string
-	var path []*Entry // the entry matched at each level
+	var varsBuf [4]string
+	var pathBuf [4]*Entry
+	vars := varsBuf[:0]
+	path := pathBuf[:0] // the entry matched at each level
 	for i, en := range entries {
 		k, v := en.GetKey(), en.GetValue()
 		finalKey := k + "_" + v
@@ -84,6 +86,9 @@ func (d *Descriptors) Lookup(domain string, entries []*rlcommon.RateLimitDescrip
 // '|' and a leading '#'; a key that would be empty or longer than a
 // counter key may be becomes '#' and the SHA-256 of the encoding.
 func counterKey(vars []string) string {
+	if len(vars) == 1 && vars[0] != "" && len(vars[0]) <= crdt.MaxKeyLen && !strings.ContainsAny(vars[0], `\|#`) {
+		return vars[0] // itself, without a copy
+	}
 	var b strings.Builder
 	for i, v := range vars {
 		if i > 0 {
@@ -113,6 +118,9 @@ func counterKey(vars []string) string {
 // of the request; otherwise each level's entry final key, or key_value
 // where that level asks for value_to_metric.
 func statKey(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, path []*Entry, found *Entry) string {
+	if found.plainStat && !found.DetailedMetric && len(path) == len(entries) {
+		return found.FullKey // each level's final key
+	}
 	var b strings.Builder
 	b.WriteString(domain)
 	for i, en := range entries {

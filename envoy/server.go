@@ -115,6 +115,9 @@ func New(cfg Config) (*Server, error) {
 		// copying stacks was 12 % of the CPU under a flood of
 		// ShouldRateLimit.
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		// ShouldRateLimit's messages are coded by hand (codec.go);
+		// every other message by grpc's protobuf codec.
+		grpc.ForceServerCodecV2(newCodec()),
 	}
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
