@@ -434,12 +434,14 @@ func (m *Mesh) start(h node.Handler) (*sync.WaitGroup, error) {
 // retain it. Our own validator runs on the message too, so a batch this
 // member would reject from a peer is refused here with an error.
 //
-// While no peer subscribes to the topic, a batch goes no further than the
-// encoding (its size checked): gossipsub would sign it, validate and
+// While the host has no connection at all, a batch goes no further than
+// the encoding (its size checked): gossipsub would sign it, validate and
 // decode our own copy and send it to nobody, the larger part of a lone
-// member's CPU under load. A peer that subscribes later gets our whole
-// view when it connects (anti-entropy), and a later batch's seq shows it
-// nothing missing before its first. Stats.PublishedAlone counts them.
+// member's CPU under load. A peer that connects later gets our whole view
+// then (anti-entropy), and the first batch it hears starts its sequence.
+// A peer connected but not yet subscribed is not alone's: gossipsub's
+// message cache offers it what we published meanwhile once it subscribes,
+// after our full state went out. Stats.PublishedAlone counts them.
 func (m *Mesh) Publish(ctx context.Context, b *crdt.Batch) error {
 	topic, err := m.liveTopic()
 	if err != nil {
@@ -456,7 +458,7 @@ func (m *Mesh) Publish(ctx context.Context, b *crdt.Batch) error {
 		// What our validator refuses first, and a lone member skips it.
 		return fmt.Errorf("mesh: publish: the batch names %q as its author, not this member %s", b.From.Peer, m.selfStr)
 	}
-	if !b.Has(crdt.FlagLeaving) && len(topic.ListPeers()) == 0 {
+	if !b.Has(crdt.FlagLeaving) && len(m.h.Network().Peers()) == 0 {
 		m.st.publishedAlone.Add(1)
 		return nil
 	}
@@ -678,8 +680,8 @@ type Stats struct {
 	// Published counts batches this member published, PublishedBytes
 	// their encoded size (not counting gossipsub's copies to each peer).
 	Published, PublishedBytes uint64
-	// PublishedAlone counts batches not handed to gossipsub because no
-	// peer subscribed to the topic (Publish); they are not in Published.
+	// PublishedAlone counts batches not handed to gossipsub because the
+	// host had no connection (Publish); they are not in Published.
 	PublishedAlone uint64
 	// Received counts gossip batches from others delivered to the
 	// handler, ReceivedBytes their encoded size.
