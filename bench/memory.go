@@ -4,18 +4,36 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 )
 
-// memResult is one system's memory round: a fresh node, a warm-up of
-// memWarmKeys keys, RSS read (base), Keys new keys touched once each
-// (filled), then the node left idle for IdleSeconds (idle).
+// memResult is one memory round of one system: fresh nodes, a warm-up of
+// memWarmKeys keys, every node's RSS read (base), Keys new keys touched
+// once each at the first node (filled, read once every node holds them),
+// then the nodes left idle for IdleSeconds (idle).
 type memResult struct {
+	Scenario      string  `json:"scenario"` // memory (a lone node) or memory-mesh
 	System        string  `json:"system"`
 	Keys          int     `json:"keys"`
 	FillSeconds   float64 `json:"fill_seconds"`
 	FillPerSecond float64 `json:"fill_keys_per_second"`
+	// memNode is the node the keys were touched at: the lone node, or
+	// the member that decided them.
+	memNode
+	// Merged is, on a mesh, the other members, which merged the keys.
+	Merged []memNode `json:"merged,omitempty"`
+	// MergeSeconds is, on a mesh, the time from the fill's end until
+	// every member held every key.
+	MergeSeconds float64 `json:"merge_seconds,omitempty"`
+	IdleSeconds  float64 `json:"idle_seconds"`
+	Note         string  `json:"note,omitempty"`
+	Err          string  `json:"error,omitempty"`
+}
+
+// memNode is one node's figures of a memory round.
+type memNode struct {
 	RSSBase       uint64  `json:"rss_base_bytes"`
 	RSSFilled     uint64  `json:"rss_filled_bytes"`
 	RSSIdle       uint64  `json:"rss_idle_bytes"`
@@ -23,14 +41,55 @@ type memResult struct {
 	RSSPerKeyIdle float64 `json:"rss_per_key_idle"`
 	// HeapPerKey is the growth of go_memstats_heap_inuse_bytes per key
 	// from base to filled (both systems export Go's collector).
-	HeapPerKey  float64 `json:"heap_inuse_per_key"`
-	IdleSeconds float64 `json:"idle_seconds"`
-	IdleCores   float64 `json:"idle_cores"`
+	HeapPerKey float64 `json:"heap_inuse_per_key"`
+	IdleCores  float64 `json:"idle_cores"`
 	// KeysHeld is what the node's metrics say it holds after the fill:
 	// ratemesh_keys{rule="mem"}, or the sum of gubernator_cache_size.
 	KeysHeld float64 `json:"keys_held"`
-	Note     string  `json:"note,omitempty"`
-	Err      string  `json:"error,omitempty"`
+}
+
+// memReading is one reading of a node: its RSS and, when read, its Go
+// heap in use.
+type memReading struct {
+	rss  uint64
+	heap float64
+}
+
+// newMemNode makes a node's figures from its readings before the fill
+// (base), once it held the keys new keys (filled) and after the idle.
+func newMemNode(base, filled, idle memReading, keys int, idleCores, held float64) memNode {
+	k := float64(keys)
+	n := memNode{RSSBase: base.rss, RSSFilled: filled.rss, RSSIdle: idle.rss, IdleCores: idleCores, KeysHeld: held,
+		RSSPerKey:     (float64(filled.rss) - float64(base.rss)) / k,
+		RSSPerKeyIdle: (float64(idle.rss) - float64(base.rss)) / k}
+	if base.heap > 0 && filled.heap > 0 {
+		n.HeapPerKey = (filled.heap - base.heap) / k
+	}
+	return n
+}
+
+// text describes n's figures, idle the seconds it idled.
+func (n memNode) text(idle float64) string {
+	return fmt.Sprintf("RSS %s → %s (%.0f B/key) → %s after %.0f s idle (%.0f B/key); heap in use %.0f B/key; idle %.3f cores; keys held %.0f",
+		mib(n.RSSBase), mib(n.RSSFilled), n.RSSPerKey, mib(n.RSSIdle), idle, n.RSSPerKeyIdle, n.HeapPerKey, n.IdleCores, n.KeysHeld)
+}
+
+// lines describes m for people: one line, and on a mesh one more a
+// member.
+func (m memResult) lines() []string {
+	if m.Err != "" {
+		return []string{fmt.Sprintf("%-10s error: %s", m.System, m.Err)}
+	}
+	head := fmt.Sprintf("%-10s %s keys in %.1f s (%.0f/s)", m.System, count(m.Keys), m.FillSeconds, m.FillPerSecond)
+	if len(m.Merged) == 0 {
+		return []string{head + ": " + m.text(m.IdleSeconds) + m.Note}
+	}
+	out := []string{fmt.Sprintf("%s at member 1, held by every member %.1f s later%s", head, m.MergeSeconds, m.Note),
+		"  member 1, decided: " + m.text(m.IdleSeconds)}
+	for i, n := range m.Merged {
+		out = append(out, fmt.Sprintf("  member %d, merged:  %s", i+2, n.text(m.IdleSeconds)))
+	}
+	return out
 }
 
 const (
@@ -47,15 +106,22 @@ var memLimit = limitSpec{name: "mem", limit: 1_000_000_000, window: 10 * time.Mi
 // quarter more room, and never below its default of 50,000.
 func guberCacheSize(keys int) int { return max(50_000, keys+keys/4+memWarmKeys) }
 
-// measureMemory runs one memory round of one system on the node of c.
+// memMergeWait bounds the wait for every member of a mesh to hold keys
+// keys: a minute, and 200 µs a key (200 s for a million) on a busy host.
+func memMergeWait(keys int) time.Duration {
+	return time.Minute + time.Duration(keys)*200*time.Microsecond
+}
+
+// measureMemory runs one memory round of one system on c, touching the
+// keys at its first node and reading every node; on a ratemesh mesh each
+// reading waits until every member holds the keys.
 func measureMemory(ctx context.Context, c *cluster, o *options, keys []string, idlePIDs []int) memResult {
 	m := memResult{System: c.system, Keys: len(keys)}
 	fail := func(err error) memResult {
 		m.Err = err.Error()
 		return m
 	}
-	nd := c.nodes[0]
-	d, err := newDriver(c, o.Concurrency, false)
+	d, err := newDriver(&cluster{system: c.system, nodes: c.nodes[:1]}, o.Concurrency, false)
 	if err != nil {
 		return fail(err)
 	}
@@ -81,61 +147,142 @@ func measureMemory(ctx context.Context, c *cluster, o *options, keys []string, i
 		return p, nil
 	}
 	hc := &http.Client{Timeout: 10 * time.Second}
-	heap := func() float64 {
+	metrics := func(nd *node) (string, error) {
 		var text string
-		if err := getJSON(ctx, hc, "http://"+nd.http+"/metrics", &text); err != nil {
-			return 0
+		return text, getJSON(ctx, hc, "http://"+nd.http+"/metrics", &text)
+	}
+	keysHeld := func(text string) float64 {
+		if c.system == "ratemesh" {
+			v, _, _ := metricValue(text, "ratemesh_keys", `rule="mem"`)
+			return v
 		}
-		v, _, _ := metricValue(text, "go_memstats_heap_inuse_bytes")
+		v, _, _ := metricValue(text, "gubernator_cache_size")
 		return v
+	}
+	// settle waits until every member of a mesh holds want keys.
+	settle := func(want int) error {
+		if len(c.nodes) == 1 {
+			return nil
+		}
+		err := pollUntil(ctx, memMergeWait(want), func() error {
+			for i, nd := range c.nodes {
+				text, err := metrics(nd)
+				if err != nil {
+					return err
+				}
+				if h := keysHeld(text); h < float64(want) {
+					return fmt.Errorf("member %d holds %.0f keys of %d", i+1, h, want)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("merges: %w", err)
+		}
+		return nil
+	}
+	// read reads every node's RSS and, with heap, its Go heap in use.
+	read := func(heap bool) ([]memReading, error) {
+		out := make([]memReading, len(c.nodes))
+		for i, nd := range c.nodes {
+			var err error
+			if out[i].rss, err = procRSS(nd.p.pid()); err != nil {
+				return nil, fmt.Errorf("%s: %w", nd.p.name, err)
+			}
+			if !heap {
+				continue
+			}
+			if text, err := metrics(nd); err == nil {
+				out[i].heap, _, _ = metricValue(text, "go_memstats_heap_inuse_bytes")
+			}
+		}
+		return out, nil
 	}
 	if _, err := fill(keyNames("w", memWarmKeys)); err != nil {
 		return fail(fmt.Errorf("warm-up: %w", err))
 	}
-	if m.RSSBase, err = procRSS(nd.p.pid()); err != nil {
+	if err := settle(memWarmKeys); err != nil {
+		return fail(fmt.Errorf("warm-up: %w", err))
+	}
+	base, err := read(true)
+	if err != nil {
 		return fail(err)
 	}
-	heapBase := heap()
 	p, err := fill(keys)
 	if err != nil {
 		return fail(fmt.Errorf("fill: %w", err))
 	}
 	m.FillSeconds, m.FillPerSecond = p.Seconds, p.PerSecond
-	if m.RSSFilled, err = procRSS(nd.p.pid()); err != nil {
+	fillEnd := time.Now()
+	if err := settle(memWarmKeys + len(keys)); err != nil {
 		return fail(err)
 	}
-	if hb, hf := heapBase, heap(); hb > 0 && hf > 0 {
-		m.HeapPerKey = (hf - hb) / float64(len(keys))
+	if len(c.nodes) > 1 {
+		m.MergeSeconds = time.Since(fillEnd).Seconds()
 	}
-	var text string
-	if err := getJSON(ctx, hc, "http://"+nd.http+"/metrics", &text); err != nil {
+	filled, err := read(true)
+	if err != nil {
 		return fail(err)
 	}
-	if c.system == "ratemesh" {
-		m.KeysHeld, _, _ = metricValue(text, "ratemesh_keys", `rule="mem"`)
-		if ev, _, _ := metricValue(text, "ratemesh_keys_evicted_total"); ev > 0 {
-			m.Note = fmt.Sprintf(" (%.0f keys evicted: the figures are low)", ev)
+	held := make([]float64, len(c.nodes))
+	var notes []string
+	for i, nd := range c.nodes {
+		text, err := metrics(nd)
+		if err != nil {
+			return fail(err)
 		}
-	} else {
-		m.KeysHeld, _, _ = metricValue(text, "gubernator_cache_size")
-		if ev, _, _ := metricValue(text, "gubernator_unexpired_evictions_count"); ev > 0 {
-			m.Note = fmt.Sprintf(" (%.0f unexpired keys evicted from the LRU: the figures are low)", ev)
+		held[i] = keysHeld(text)
+		evicted, what := "ratemesh_keys_evicted_total", "keys evicted"
+		if c.system != "ratemesh" {
+			evicted, what = "gubernator_unexpired_evictions_count", "unexpired keys evicted from the LRU"
+		}
+		if ev, _, _ := metricValue(text, evicted); ev > 0 {
+			notes = append(notes, fmt.Sprintf("%.0f %s at node %d", ev, what, i+1))
 		}
 	}
-	before := sampleCPU(c.pids(), nil)
-	if !sleepCtx(ctx, o.MemIdle) {
-		return fail(ctx.Err())
+	if len(notes) > 0 {
+		m.Note = fmt.Sprintf(" (%s: the figures are low)", strings.Join(notes, ", "))
 	}
-	after := sampleCPU(c.pids(), nil)
-	m.IdleSeconds = after.at.Sub(before.at).Seconds()
-	if m.IdleSeconds > 0 {
-		m.IdleCores = (after.server - before.server).Seconds() / m.IdleSeconds
-	}
-	if m.RSSIdle, err = procRSS(nd.p.pid()); err != nil {
+	var cores []float64
+	if m.IdleSeconds, cores, err = idleCores(ctx, c.pids(), o.MemIdle); err != nil {
 		return fail(err)
 	}
-	n := float64(len(keys))
-	m.RSSPerKey = (float64(m.RSSFilled) - float64(m.RSSBase)) / n
-	m.RSSPerKeyIdle = (float64(m.RSSIdle) - float64(m.RSSBase)) / n
+	idle, err := read(false)
+	if err != nil {
+		return fail(err)
+	}
+	ns := make([]memNode, len(c.nodes))
+	for i := range ns {
+		ns[i] = newMemNode(base[i], filled[i], idle[i], len(keys), cores[i], held[i])
+	}
+	m.memNode, m.Merged = ns[0], ns[1:]
 	return m
+}
+
+// idleCores leaves the processes pids idle for d and returns the seconds
+// that passed and the CPU each used meanwhile, in cores.
+func idleCores(ctx context.Context, pids []int, d time.Duration) (float64, []float64, error) {
+	before := make([]time.Duration, len(pids))
+	start := time.Now()
+	for i, pid := range pids {
+		var err error
+		if before[i], err = procCPU(pid); err != nil {
+			return 0, nil, err
+		}
+	}
+	if !sleepCtx(ctx, d) {
+		return 0, nil, ctx.Err()
+	}
+	secs := time.Since(start).Seconds()
+	cores := make([]float64, len(pids))
+	for i, pid := range pids {
+		after, err := procCPU(pid)
+		if err != nil {
+			return 0, nil, err
+		}
+		if secs > 0 {
+			cores[i] = (after - before[i]).Seconds() / secs
+		}
+	}
+	return secs, cores, nil
 }

@@ -10,16 +10,17 @@ import (
 )
 
 // scenarioNames are the scenarios in the order they run.
-var scenarioNames = []string{"hot", "keys", "healthz", "grpc", "cluster", "memory"}
+var scenarioNames = []string{"hot", "keys", "healthz", "grpc", "cluster", "memory", "memory-mesh"}
 
 // scenarioHelp describes each scenario for --help.
 var scenarioHelp = map[string]string{
-	"hot":     "one node, one hot key, HTTP: ratemesh POST /v1/allow vs Gubernator POST /v1/GetRateLimits",
-	"keys":    "one node, --keys keys chosen at random, HTTP, as hot",
-	"healthz": "beside keys: each node's cheapest HTTP answer (ratemesh GET /healthz, Gubernator GET /v1/HealthCheck) in the same round, and decisions ÷ that",
-	"grpc":    "one node, --keys keys, gRPC: ratemesh's Envoy RLS ShouldRateLimit vs Gubernator's V1 GetRateLimits",
-	"cluster": "three nodes, a flood on one key at all three over HTTP: admitted per window against --limit (ratemesh; Gubernator's default forwarding and its GLOBAL behaviour), and decisions/s",
-	"memory":  "one fresh node per round: RSS growth per key after touching --mem-keys distinct keys once (batches of 64), again after --mem-idle, and the idle node's CPU",
+	"hot":         "one node, one hot key, HTTP: ratemesh POST /v1/allow vs Gubernator POST /v1/GetRateLimits",
+	"keys":        "one node, --keys keys chosen at random, HTTP, as hot",
+	"healthz":     "beside keys: each node's cheapest HTTP answer (ratemesh GET /healthz, Gubernator GET /v1/HealthCheck) in the same round, and decisions ÷ that",
+	"grpc":        "one node, --keys keys, gRPC: ratemesh's Envoy RLS ShouldRateLimit vs Gubernator's V1 GetRateLimits",
+	"cluster":     "three nodes, a flood on one key at all three over HTTP: admitted per window against --limit (ratemesh; Gubernator's default forwarding and its GLOBAL behaviour), and decisions/s",
+	"memory":      "one fresh node per round: RSS growth per key after touching --mem-keys distinct keys once (batches of 64), again after --mem-idle, and the idle node's CPU",
+	"memory-mesh": "one fresh 3-member ratemesh mesh per round: --mem-keys keys touched once at member 1 as in memory; each member's RSS growth per key once every member holds them, again after --mem-idle, and its idle CPU; against Gubernator's lone node of memory when both run",
 }
 
 // options are the harness's settings, from the flags.
@@ -96,8 +97,8 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.Flood, "flood", 0, "how long each system is flooded in each round of cluster (default 6s; 3s with --quick)")
 	fs.IntVar(&o.Limit, "limit", 1000, "cluster: the limit per --window of the flooded key")
 	fs.DurationVar(&o.Window, "window", time.Second, "cluster: the window (whole milliseconds)")
-	fs.IntVar(&o.MemKeys, "mem-keys", 0, "memory: distinct keys touched once (default 1000000; 100000 with --quick)")
-	fs.DurationVar(&o.MemIdle, "mem-idle", 0, "memory: how long the filled node idles before RSS is read again and its idle CPU measured (default 10s; 3s with --quick)")
+	fs.IntVar(&o.MemKeys, "mem-keys", 0, "memory, memory-mesh: distinct keys touched once (default 1000000; 100000 with --quick)")
+	fs.DurationVar(&o.MemIdle, "mem-idle", 0, "memory, memory-mesh: how long the filled nodes idle before RSS is read again and their idle CPU measured (default 10s; 3s with --quick)")
 	scen := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run, comma-separated: "+strings.Join(scenarioNames, ", "))
 	fs.StringVar(&o.BinDir, "bin-dir", "", "where the binaries are built (default: the user cache dir's ratemesh-bench)")
 	fs.StringVar(&o.RatemeshBin, "ratemesh-bin", "", "use this ratemesh binary instead of building one")
@@ -109,7 +110,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usageHead)
 		for _, s := range scenarioNames {
-			fmt.Fprintf(stderr, "  %-8s %s\n", s, scenarioHelp[s])
+			fmt.Fprintf(stderr, "  %-11s %s\n", s, scenarioHelp[s])
 		}
 		fmt.Fprint(stderr, `
 Every phase reports the CPU (in cores) of the load generator (this process),

@@ -69,7 +69,7 @@ func statOf(v []float64) stat {
 type summaryRow struct {
 	Scenario string `json:"scenario"`
 	Metric   string `json:"metric"`
-	Unit     string `json:"unit"` // how to print the values: "rate", "ms", "bytes", "ratio", "cores"
+	Unit     string `json:"unit"` // how to print the values: "rate", "ms", "bytes", "ratio", "cores", "seconds"
 	Ratemesh stat   `json:"ratemesh"`
 	Against  string `json:"against"`
 	Other    stat   `json:"other"`
@@ -98,6 +98,21 @@ func (p *pairs) add(rm, other float64, rmOK, otherOK bool) {
 	}
 	if rmOK && otherOK && other != 0 {
 		p.ratio = append(p.ratio, rm/other)
+	}
+}
+
+// addAll adds values of ratemesh against one of the other (a mesh's
+// members against a lone node), each value with its ratio.
+func (p *pairs) addAll(rm []float64, other float64, otherOK bool) {
+	p.rm = append(p.rm, rm...)
+	if !otherOK {
+		return
+	}
+	p.other = append(p.other, other)
+	for _, v := range rm {
+		if other != 0 {
+			p.ratio = append(p.ratio, v/other)
+		}
 	}
 }
 
@@ -139,6 +154,8 @@ func scenarioTitle(s string, o *options) string {
 		return "3 nodes, 1 key flood, HTTP"
 	case "memory":
 		return fmt.Sprintf("1 node, %s keys once", count(o.MemKeys))
+	case "memory-mesh":
+		return fmt.Sprintf("3 members, %s keys once", count(o.MemKeys))
 	}
 	return s
 }
@@ -213,34 +230,94 @@ func summarize(rep *report, o *options) []summaryRow {
 				rows = append(rows, first.row(scenarioTitle(s, o), "first window ÷ limit", "ratio", other))
 			}
 		case "memory":
-			var filled, idle, heap, cpu, fill pairs
-			for _, rr := range rep.Runs {
-				var a, b memResult
-				var aok, bok bool
-				for _, m := range rr.Memory {
-					if m.System == "ratemesh" && m.Err == "" {
-						a, aok = m, true
-					}
-					if m.System == "gubernator" && m.Err == "" {
-						b, bok = m, true
-					}
+			t := scenarioTitle(s, o)
+			for _, x := range memMetrics {
+				var p pairs
+				for _, rr := range rep.Runs {
+					a, aok := rr.memory(s, "ratemesh")
+					b, bok := rr.memory(s, "gubernator")
+					av, aval := x.get(a.memNode)
+					bv, bval := x.get(b.memNode)
+					p.add(av, bv, aok && aval, bok && bval)
 				}
-				filled.add(a.RSSPerKey, b.RSSPerKey, aok, bok)
-				idle.add(a.RSSPerKeyIdle, b.RSSPerKeyIdle, aok, bok)
-				heap.add(a.HeapPerKey, b.HeapPerKey, aok && a.HeapPerKey > 0, bok && b.HeapPerKey > 0)
-				cpu.add(a.IdleCores, b.IdleCores, aok, bok)
+				rows = append(rows, p.row(t, x.metric, x.unit, "gubernator"))
+			}
+			var fill pairs
+			for _, rr := range rep.Runs {
+				a, aok := rr.memory(s, "ratemesh")
+				b, bok := rr.memory(s, "gubernator")
 				fill.add(a.FillPerSecond, b.FillPerSecond, aok, bok)
 			}
-			t := scenarioTitle(s, o)
-			rows = append(rows,
-				filled.row(t, "RSS growth per key", "bytes", "gubernator"),
-				idle.row(t, "… after --mem-idle", "bytes", "gubernator"),
-				heap.row(t, "Go heap in use per key", "bytes", "gubernator"),
-				cpu.row(t, "idle CPU, keys held", "cores", "gubernator"),
-				fill.row(t, "fill, keys/s (batches of 64)", "rate", "gubernator"))
+			rows = append(rows, fill.row(t, "fill, keys/s (batches of 64)", "rate", "gubernator"))
+		case "memory-mesh":
+			rows = append(rows, meshRows(rep, scenarioTitle(s, o))...)
 		}
 	}
 	return rows
+}
+
+// memMetrics are the memory scenarios' figures of a node: get returns
+// one and whether the node has it (the heap is not always read).
+var memMetrics = []struct {
+	metric, unit string
+	get          func(n memNode) (float64, bool)
+}{
+	{"RSS growth per key", "bytes", func(n memNode) (float64, bool) { return n.RSSPerKey, true }},
+	{"… after --mem-idle", "bytes", func(n memNode) (float64, bool) { return n.RSSPerKeyIdle, true }},
+	{"Go heap in use per key", "bytes", func(n memNode) (float64, bool) { return n.HeapPerKey, n.HeapPerKey > 0 }},
+	{"idle CPU, keys held", "cores", func(n memNode) (float64, bool) { return n.IdleCores, true }},
+}
+
+// meshRows summarizes memory-mesh: each figure of the member that decided
+// the keys and of the members that merged them (both members of each
+// round, pooled), against Gubernator's lone node of memory in the same
+// round when memory ran too, and how long the merges took.
+func meshRows(rep *report, title string) []summaryRow {
+	roles := []struct {
+		name  string
+		nodes func(m memResult) []memNode
+	}{
+		{"deciding member", func(m memResult) []memNode { return []memNode{m.memNode} }},
+		{"merging members", func(m memResult) []memNode { return m.Merged }},
+	}
+	var rows []summaryRow
+	for _, role := range roles {
+		for _, x := range memMetrics {
+			var p pairs
+			for _, rr := range rep.Runs {
+				a, aok := rr.memory("memory-mesh", "ratemesh")
+				g, gok := rr.memory("memory", "gubernator")
+				var vs []float64
+				if aok {
+					for _, n := range role.nodes(a) {
+						if v, ok := x.get(n); ok {
+							vs = append(vs, v)
+						}
+					}
+				}
+				gv, gval := x.get(g.memNode)
+				p.addAll(vs, gv, gok && gval)
+			}
+			rows = append(rows, p.row(title, x.metric+", "+role.name, x.unit, "gubernator lone node"))
+		}
+	}
+	var merge pairs
+	for _, rr := range rep.Runs {
+		a, aok := rr.memory("memory-mesh", "ratemesh")
+		merge.add(a.MergeSeconds, 0, aok, false)
+	}
+	return append(rows, merge.row(title, "every member holds them, s later", "seconds", ""))
+}
+
+// memory returns round rr's memory result of system in scenario, and
+// whether it has one without an error.
+func (rr roundRun) memory(scenario, system string) (memResult, bool) {
+	for _, m := range rr.Memory {
+		if m.Scenario == scenario && m.System == system && m.Err == "" {
+			return m, true
+		}
+	}
+	return memResult{}, false
 }
 
 func countBound(p *pairs, a phase, aok bool, b phase, bok bool) {
@@ -294,6 +371,8 @@ func format(v float64, unit string) string {
 		return fmt.Sprintf("%.2f", v)
 	case "cores":
 		return fmt.Sprintf("%.3f", v)
+	case "seconds":
+		return fmt.Sprintf("%.1f", v)
 	}
 	return fmt.Sprint(v)
 }
@@ -337,19 +416,15 @@ func (rep *report) writeText(w io.Writer) {
 			}
 		}
 		for _, m := range rr.Memory {
-			if m.Err != "" {
-				fmt.Fprintf(w, "  memory %-10s error: %s\n", m.System, m.Err)
-				continue
+			for _, line := range m.lines() {
+				fmt.Fprintf(w, "  %s %s\n", m.Scenario, line)
 			}
-			fmt.Fprintf(w, "  memory %-10s %s keys in %.1f s (%.0f/s): RSS %s → %s (%.0f B/key) → %s after %.0f s idle (%.0f B/key); heap in use %.0f B/key; idle %.3f cores; keys held %.0f%s\n",
-				m.System, count(m.Keys), m.FillSeconds, m.FillPerSecond, mib(m.RSSBase), mib(m.RSSFilled), m.RSSPerKey,
-				mib(m.RSSIdle), m.IdleSeconds, m.RSSPerKeyIdle, m.HeapPerKey, m.IdleCores, m.KeysHeld, m.Note)
 		}
 	}
 	fmt.Fprintf(w, "\nsummary: min / median / max over the rounds; the ratio is ratemesh ÷ the other, round by round\n")
-	fmt.Fprintf(w, "  %-27s %-28s %-26s %-18s %-26s %s\n", "scenario", "metric", "ratemesh", "against", "other", "ratemesh ÷ other")
+	fmt.Fprintf(w, "  %-27s %-40s %-26s %-20s %-26s %s\n", "scenario", "metric", "ratemesh", "against", "other", "ratemesh ÷ other")
 	for _, r := range rep.Summary {
-		fmt.Fprintf(w, "  %-27s %-28s %-26s %-18s %-26s %s\n", r.Scenario, r.Metric, triple(r.Ratemesh, r.Unit), r.Against, triple(r.Other, r.Unit), triple(r.Ratio, "ratio2"))
+		fmt.Fprintf(w, "  %-27s %-40s %-26s %-20s %-26s %s\n", r.Scenario, r.Metric, triple(r.Ratemesh, r.Unit), r.Against, triple(r.Other, r.Unit), triple(r.Ratio, "ratio2"))
 		if r.Flagged != "" {
 			fmt.Fprintf(w, "  %-27s   flagged phases: %s\n", "", r.Flagged)
 		}

@@ -51,8 +51,11 @@ func run(ctx context.Context, o *options, args []string, progress io.Writer) (*r
 	rep := &report{Mode: mode, Gubernator: "v2.13.0", CPUs: runtime.NumCPU(), Concurrency: o.Concurrency,
 		Rounds: o.Rounds, PhaseSec: o.Phase.Seconds(), Keys: o.Keys, Scenarios: o.Scenarios,
 		Command: strings.TrimSpace("cd bench && go run . " + strings.Join(args, " "))}
+	if o.has("memory") || o.has("memory-mesh") {
+		rep.MemKeys = o.MemKeys
+	}
 	if o.has("memory") {
-		rep.MemKeys, rep.GuberCache = o.MemKeys, guberCacheSize(o.MemKeys)
+		rep.GuberCache = guberCacheSize(o.MemKeys)
 	}
 	modDir := moduleDir(ctx)
 	rep.Ratemesh = ratemeshVersion(ctx, modDir)
@@ -86,9 +89,11 @@ func run(ctx context.Context, o *options, args []string, progress io.Writer) (*r
 			return rep, err
 		}
 	}
-	if o.has("memory") {
-		if err := b.memory(ctx); err != nil {
-			return rep, err
+	for _, s := range []string{"memory", "memory-mesh"} {
+		if o.has(s) {
+			if err := b.memory(ctx, s); err != nil {
+				return rep, err
+			}
 		}
 	}
 	return rep, nil
@@ -309,21 +314,30 @@ func (b *bench) cluster(ctx context.Context) error {
 	return nil
 }
 
-// memory runs the memory scenario: each round, a fresh node of each
-// system in turn.
-func (b *bench) memory(ctx context.Context) error {
+// memory runs a memory scenario: each round, fresh nodes of each system
+// in turn; for memory a lone node of each, for memory-mesh a 3-member
+// ratemesh mesh (the keys are touched at its first member).
+func (b *bench) memory(ctx context.Context, scenario string) error {
 	o := b.o
+	type setup struct {
+		system string
+		nodes  int
+	}
+	setups, prefix, what := []setup{{"ratemesh", 1}, {"gubernator", 1}}, "mem", "node"
+	if scenario == "memory-mesh" {
+		setups, prefix, what = []setup{{"ratemesh", 3}}, "memmesh", "3-member mesh"
+	}
 	keys := keyNames("m", o.MemKeys)
 	for r := 1; r <= o.Rounds; r++ {
-		for _, system := range order(r-1, []string{"ratemesh", "gubernator"}) {
-			name := fmt.Sprintf("mem%d-%s", r, system[:2])
-			b.logf("round %d/%d memory: a fresh %s node, %s keys …", r, o.Rounds, system, count(o.MemKeys))
+		for _, su := range order(r-1, setups) {
+			name := fmt.Sprintf("%s%d-%s", prefix, r, su.system[:2])
+			b.logf("round %d/%d %s: a fresh %s %s, %s keys …", r, o.Rounds, scenario, su.system, what, count(o.MemKeys))
 			var c *cluster
 			var err error
-			if system == "ratemesh" {
-				c, err = startRatemesh(ctx, b.ps, b.rmBin, b.cfg, "", name, 1)
+			if su.system == "ratemesh" {
+				c, err = startRatemesh(ctx, b.ps, b.rmBin, b.cfg, "", name, su.nodes)
 			} else {
-				c, err = startGubernator(ctx, b.ps, b.gbBin, name, 1, guberCacheSize(o.MemKeys))
+				c, err = startGubernator(ctx, b.ps, b.gbBin, name, su.nodes, guberCacheSize(o.MemKeys))
 			}
 			if err != nil {
 				return err
@@ -333,11 +347,9 @@ func (b *bench) memory(ctx context.Context) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if m.Err != "" {
-				b.logf("round %d/%d memory %s: %s", r, o.Rounds, system, m.Err)
-			} else {
-				b.logf("round %d/%d memory %-10s RSS +%.0f B/key (%.0f after %.0f s idle), heap +%.0f B/key, idle %.3f cores, %.0f keys held, fill %.0f keys/s%s",
-					r, o.Rounds, system, m.RSSPerKey, m.RSSPerKeyIdle, m.IdleSeconds, m.HeapPerKey, m.IdleCores, m.KeysHeld, m.FillPerSecond, m.Note)
+			m.Scenario = scenario
+			for _, line := range m.lines() {
+				b.logf("round %d/%d %s %s", r, o.Rounds, scenario, line)
 			}
 			rr := b.rep.round(r)
 			rr.Memory = append(rr.Memory, m)
