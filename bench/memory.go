@@ -19,6 +19,9 @@ type memResult struct {
 	Keys          int     `json:"keys"`
 	FillSeconds   float64 `json:"fill_seconds"`
 	FillPerSecond float64 `json:"fill_keys_per_second"`
+	// Resent counts the batches (warm-up and fill) the node denied for
+	// its own state (fenced, stale or joining) and the fill sent again.
+	Resent int `json:"batches_resent,omitempty"`
 	// memNode is the node the keys were touched at: the lone node, or
 	// the member that decided them.
 	memNode
@@ -81,6 +84,9 @@ func (m memResult) lines() []string {
 		return []string{fmt.Sprintf("%-10s error: %s", m.System, m.Err)}
 	}
 	head := fmt.Sprintf("%-10s %s keys in %.1f s (%.0f/s)", m.System, count(m.Keys), m.FillSeconds, m.FillPerSecond)
+	if m.Resent > 0 {
+		head += fmt.Sprintf(", %d batches sent again (denied fenced, stale or joining)", m.Resent)
+	}
 	if len(m.Merged) == 0 {
 		return []string{head + ": " + m.text(m.IdleSeconds) + m.Note}
 	}
@@ -127,10 +133,11 @@ func measureMemory(ctx context.Context, c *cluster, o *options, keys []string, i
 	}
 	defer d.close()
 	fill := func(ks []string) (phase, error) {
-		var next atomic.Int64
+		var next, resent atomic.Int64
+		defer func() { m.Resent += int(resent.Load()) }()
 		var f op
 		if c.system == "ratemesh" {
-			f = d.rmFill(memLimit.name, ks, memBatch, &next)
+			f = d.rmFill(memLimit.name, ks, memBatch, &next, &resent)
 		} else {
 			f = d.gbFill(memLimit, ks, memBatch, &next)
 		}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratemesh/ratemesh/httpapi"
 )
 
 func TestNewMemNode(t *testing.T) {
@@ -55,7 +57,7 @@ func memRounds(lone [][2]float64, mesh [][3]float64) *report {
 		}
 		if r < len(mesh) {
 			m := mesh[r]
-			rr.Memory = append(rr.Memory, memResult{Scenario: "memory-mesh", System: "ratemesh", MergeSeconds: float64(r + 1),
+			rr.Memory = append(rr.Memory, memResult{Scenario: "memory-mesh", System: "ratemesh", MergeSeconds: float64(r + 1), Resent: 10 * r,
 				memNode: memNode{RSSPerKey: m[0], RSSPerKeyIdle: m[0] + 1, HeapPerKey: m[0] - 50},
 				Merged:  []memNode{{RSSPerKey: m[1], RSSPerKeyIdle: m[1] + 1}, {RSSPerKey: m[2], RSSPerKeyIdle: m[2] + 1}}})
 		}
@@ -106,6 +108,7 @@ func TestSummarizeMemoryMesh(t *testing.T) {
 		{"Go heap in use per key, deciding member", stat{2, 200, 225, 250}, stat{2, 300, 350, 400}, stat{2, 0.5, (0.5 + 250.0/300) / 2, 250.0 / 300}, "gubernator lone node", "bytes"},
 		{"Go heap in use per key, merging members", stat{}, stat{2, 300, 350, 400}, stat{}, "gubernator lone node", "bytes"},
 		{"every member holds them, s later", stat{2, 1, 1.5, 2}, stat{}, stat{}, "", "seconds"},
+		{"batches denied (fenced …) and sent again", stat{2, 0, 5, 10}, stat{}, stat{}, "", "count"},
 	} {
 		r := rowOf(t, rows, mesh, c.metric)
 		if !near(r.Ratemesh, c.rm) || !near(r.Other, c.gb) || !near(r.Ratio, c.ratio) || r.Against != c.against || r.Unit != c.unit {
@@ -134,8 +137,8 @@ func TestSummarizeMemoryMesh(t *testing.T) {
 	if !near(r.Ratemesh, stat{2, 200, 225, 250}) || r.Other.N != 0 || r.Ratio.N != 0 {
 		t.Errorf("without memory: %+v", r)
 	}
-	if len(rows) != 2*len(memMetrics)+1 {
-		t.Errorf("%d rows, want %d", len(rows), 2*len(memMetrics)+1)
+	if len(rows) != 2*len(memMetrics)+2 {
+		t.Errorf("%d rows, want %d", len(rows), 2*len(memMetrics)+2)
 	}
 }
 
@@ -164,5 +167,31 @@ func TestMemResultLines(t *testing.T) {
 	}
 	if l := (memResult{System: "ratemesh", Err: "fill: boom"}).lines(); len(l) != 1 || l[0] != "ratemesh   error: fill: boom" {
 		t.Errorf("error lines %q", l)
+	}
+}
+
+func TestMemberDenial(t *testing.T) {
+	res := func(reason string, retry int64) httpapi.AllowResponse {
+		return httpapi.AllowResponse{Reason: reason, RetryAfterMs: retry}
+	}
+	for _, c := range []struct {
+		name string
+		r    httpapi.MultiAllowResponse
+		wait time.Duration
+		ok   bool
+	}{
+		{"fenced: a heartbeat", httpapi.MultiAllowResponse{Results: []httpapi.AllowResponse{res("fenced", 500), res("fenced", 500)}}, 500 * time.Millisecond, true},
+		{"stale and joining, the longest", httpapi.MultiAllowResponse{Results: []httpapi.AllowResponse{res("stale", 40), res("joining", 2500)}}, time.Second, true},
+		{"no wait named: 10 ms", httpapi.MultiAllowResponse{Results: []httpapi.AllowResponse{res("stale", 0)}}, 10 * time.Millisecond, true},
+		{"a key's own denial is not the member's", httpapi.MultiAllowResponse{Results: []httpapi.AllowResponse{res("fenced", 500), res("key_cap", 0)}}, 0, false},
+		{"limit", httpapi.MultiAllowResponse{Results: []httpapi.AllowResponse{res("limit", 100)}}, 0, false},
+		{"all-or-nothing: admitted beside a fenced one", httpapi.MultiAllowResponse{Results: []httpapi.AllowResponse{res("admitted", 0), res("fenced", 500)}}, 500 * time.Millisecond, true},
+		{"allowed", httpapi.MultiAllowResponse{Allowed: true, Results: []httpapi.AllowResponse{res("admitted", 0)}}, 0, false},
+		{"no results", httpapi.MultiAllowResponse{}, 10 * time.Millisecond, false},
+	} {
+		wait, ok := memberDenial(c.r)
+		if ok != c.ok || (ok && wait != c.wait) {
+			t.Errorf("%s: memberDenial = %v, %v; want %v, %v", c.name, wait, ok, c.wait, c.ok)
+		}
 	}
 }

@@ -301,12 +301,14 @@ func meshRows(rep *report, title string) []summaryRow {
 			rows = append(rows, p.row(title, x.metric+", "+role.name, x.unit, "gubernator lone node"))
 		}
 	}
-	var merge pairs
+	var merge, resent pairs
 	for _, rr := range rep.Runs {
 		a, aok := rr.memory("memory-mesh", "ratemesh")
 		merge.add(a.MergeSeconds, 0, aok, false)
+		resent.add(float64(a.Resent), 0, aok, false)
 	}
-	return append(rows, merge.row(title, "every member holds them, s later", "seconds", ""))
+	return append(rows, merge.row(title, "every member holds them, s later", "seconds", ""),
+		resent.row(title, "batches denied (fenced …) and sent again", "count", ""))
 }
 
 // memory returns round rr's memory result of system in scenario, and
@@ -373,6 +375,8 @@ func format(v float64, unit string) string {
 		return fmt.Sprintf("%.3f", v)
 	case "seconds":
 		return fmt.Sprintf("%.1f", v)
+	case "count":
+		return fmt.Sprintf("%.0f", v)
 	}
 	return fmt.Sprint(v)
 }

@@ -188,8 +188,12 @@ func (d *driver) rmRLS(keys []string) (op, error) {
 }
 
 // rmFill touches keys[next…] once each, batch at a time, in
-// all-or-nothing requests ({"checks": [...]}) that must be admitted.
-func (d *driver) rmFill(rule string, keys []string, batch int, next *atomic.Int64) op {
+// all-or-nothing requests ({"checks": [...]}) that must be admitted. A
+// batch a member denies for its own state, not the keys' (fenced, stale
+// or joining: under the strict policy a member of a mesh that cannot tell
+// whether it is cut off, as on a starved host), is counted in resent and
+// sent again after the retry_after_ms it names.
+func (d *driver) rmFill(rule string, keys []string, batch int, next, resent *atomic.Int64) op {
 	return func(ctx context.Context, w *worker) (outcome, error) {
 		lo := int(next.Add(int64(batch))) - batch
 		if lo >= len(keys) {
@@ -205,19 +209,51 @@ func (d *driver) rmFill(rule string, keys []string, batch int, next *atomic.Int6
 			fmt.Fprintf(&w.buf, `{"rule":%q,"key":%q}`, rule, keys[i])
 		}
 		w.buf.WriteString(`]}`)
-		req := httpRequest("POST", "/v1/allow", w.buf.Bytes())
-		if err := d.do(ctx, w, "POST /v1/allow", req); err != nil {
-			return outcome{}, err
+		req := httpRequest("POST", "/v1/allow", w.buf.Bytes()) // a copy: w.buf takes the answers
+		for {
+			if err := d.do(ctx, w, "POST /v1/allow", req); err != nil {
+				return outcome{}, err
+			}
+			var r httpapi.MultiAllowResponse
+			if err := json.Unmarshal(w.buf.Bytes(), &r); err != nil {
+				return outcome{}, fmt.Errorf("/v1/allow: %w", err)
+			}
+			if r.Allowed && len(r.Results) == hi-lo {
+				return outcome{decisions: hi - lo, allowed: hi - lo}, nil
+			}
+			wait, ok := memberDenial(r)
+			if !ok {
+				return outcome{}, fmt.Errorf("/v1/allow of %d new keys: allowed %v, %d results (%.200s)", hi-lo, r.Allowed, len(r.Results), w.buf.String())
+			}
+			resent.Add(1)
+			if !sleepCtx(ctx, wait) {
+				return outcome{}, ctx.Err()
+			}
 		}
-		var r httpapi.MultiAllowResponse
-		if err := json.Unmarshal(w.buf.Bytes(), &r); err != nil {
-			return outcome{}, fmt.Errorf("/v1/allow: %w", err)
-		}
-		if !r.Allowed || len(r.Results) != hi-lo {
-			return outcome{}, fmt.Errorf("/v1/allow of %d new keys: allowed %v, %d results (%.200s)", hi-lo, r.Allowed, len(r.Results), w.buf.String())
-		}
-		return outcome{decisions: hi - lo, allowed: hi - lo}, nil
 	}
+}
+
+// memberDenial reports whether a denied multi-check was denied for the
+// member's own state (fenced, stale or joining) rather than its keys,
+// and how long to wait before sending it again: the longest
+// retry_after_ms of its results, between 10 ms and a second.
+func memberDenial(r httpapi.MultiAllowResponse) (time.Duration, bool) {
+	if r.Allowed {
+		return 0, false
+	}
+	var wait time.Duration
+	member := false
+	for _, res := range r.Results {
+		switch res.Reason {
+		case "fenced", "stale", "joining":
+			member = true
+			wait = max(wait, time.Duration(res.RetryAfterMs)*time.Millisecond)
+		case "", "admitted":
+		default:
+			return 0, false
+		}
+	}
+	return min(max(wait, 10*time.Millisecond), time.Second), member
 }
 
 // ---- Gubernator ----
