@@ -140,6 +140,7 @@ func TestParseOptionsErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--limit", "0"}, "--limit"},
 		{[]string{"--mem-keys", "10"}, "--mem-keys"},
 		{[]string{"--mem-idle", "-1s"}, "--mem-idle"},
+		{[]string{"--mesh-workers", "0"}, "--mesh-workers"},
 		{[]string{"--bound-ratio", "0"}, "--bound-ratio"},
 		{[]string{"--scenarios", "hot,warm"}, "--scenarios"},
 		{[]string{"--scenarios", ","}, "--scenarios"},

@@ -119,15 +119,20 @@ func memMergeWait(keys int) time.Duration {
 }
 
 // measureMemory runs one memory round of one system on c, touching the
-// keys at its first node and reading every node; on a ratemesh mesh each
-// reading waits until every member holds the keys.
+// keys at its first node (--concurrency workers; --mesh-workers on a
+// mesh) and reading every node; on a ratemesh mesh each reading waits
+// until every member holds the keys.
 func measureMemory(ctx context.Context, c *cluster, o *options, keys []string, idlePIDs []int) memResult {
 	m := memResult{System: c.system, Keys: len(keys)}
 	fail := func(err error) memResult {
 		m.Err = err.Error()
 		return m
 	}
-	d, err := newDriver(&cluster{system: c.system, nodes: c.nodes[:1]}, o.Concurrency, false)
+	workers := o.Concurrency
+	if len(c.nodes) > 1 {
+		workers = o.MeshWorkers
+	}
+	d, err := newDriver(&cluster{system: c.system, nodes: c.nodes[:1]}, workers, false)
 	if err != nil {
 		return fail(err)
 	}

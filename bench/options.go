@@ -36,6 +36,7 @@ type options struct {
 	Window      time.Duration
 	MemKeys     int
 	MemIdle     time.Duration
+	MeshWorkers int
 	Scenarios   []string
 	BinDir      string
 	RatemeshBin string
@@ -76,7 +77,7 @@ process it started when it ends, on an error or on Ctrl-C.
 usage: cd bench && go run . [--quick] [flags]
 
   go run . --quick            # about two minutes once built
-  go run .                    # the full mode: 1M keys for memory, about 16 minutes
+  go run .                    # the full mode: 1M keys for memory, about 16 minutes, plus under a minute a round for memory-mesh
   go run . --scenarios hot,keys --rounds 7 --json
 
 Scenarios (--scenarios, comma-separated; default all):
@@ -99,6 +100,7 @@ func parseOptions(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.Window, "window", time.Second, "cluster: the window (whole milliseconds)")
 	fs.IntVar(&o.MemKeys, "mem-keys", 0, "memory, memory-mesh: distinct keys touched once (default 1000000; 100000 with --quick)")
 	fs.DurationVar(&o.MemIdle, "mem-idle", 0, "memory, memory-mesh: how long the filled nodes idle before RSS is read again and their idle CPU measured (default 10s; 3s with --quick)")
+	fs.IntVar(&o.MeshWorkers, "mesh-workers", 8, "memory-mesh: workers of the fill at member 1 (with 64, three members and the load generator on 2 cores, the members starve and fence)")
 	scen := fs.String("scenarios", strings.Join(scenarioNames, ","), "scenarios to run, comma-separated: "+strings.Join(scenarioNames, ", "))
 	fs.StringVar(&o.BinDir, "bin-dir", "", "where the binaries are built (default: the user cache dir's ratemesh-bench)")
 	fs.StringVar(&o.RatemeshBin, "ratemesh-bin", "", "use this ratemesh binary instead of building one")
@@ -211,6 +213,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("--mem-keys %d: must be between 1000 and 20000000", o.MemKeys)
 	case o.MemIdle < 0 || o.MemIdle > time.Hour:
 		return fmt.Errorf("--mem-idle %v: must be between 0 and 1h", o.MemIdle)
+	case o.MeshWorkers < 1 || o.MeshWorkers > 4096:
+		return fmt.Errorf("--mesh-workers %d: must be between 1 and 4096", o.MeshWorkers)
 	case o.BoundRatio <= 0:
 		return fmt.Errorf("--bound-ratio %v: must be positive", o.BoundRatio)
 	}
