@@ -18,6 +18,7 @@ type report struct {
 	PhaseSec    float64      `json:"phase_seconds"`
 	Keys        int          `json:"keys"`
 	MemKeys     int          `json:"mem_keys,omitempty"`
+	MeshWorkers int          `json:"mesh_workers,omitempty"` // memory-mesh's fill
 	GuberCache  int          `json:"gubernator_cache_size_memory,omitempty"`
 	Scenarios   []string     `json:"scenarios"`
 	Command     string       `json:"command"`
@@ -394,8 +395,12 @@ func triple(s stat, unit string) string {
 
 // writeText prints the rounds and the summary for people.
 func (rep *report) writeText(w io.Writer) {
-	fmt.Fprintf(w, "ratemesh %s vs Gubernator %s, side by side on loopback: %s mode, %d round(s), %d CPUs, %d workers\n",
-		rep.Ratemesh, rep.Gubernator, rep.Mode, rep.Rounds, rep.CPUs, rep.Concurrency)
+	mesh := ""
+	if rep.MeshWorkers > 0 {
+		mesh = fmt.Sprintf(" (%d for memory-mesh's fill)", rep.MeshWorkers)
+	}
+	fmt.Fprintf(w, "ratemesh %s vs Gubernator %s, side by side on loopback: %s mode, %d round(s), %d CPUs, %d workers%s\n",
+		rep.Ratemesh, rep.Gubernator, rep.Mode, rep.Rounds, rep.CPUs, rep.Concurrency, mesh)
 	fmt.Fprintf(w, "command: %s\n", rep.Command)
 	for _, rr := range rep.Runs {
 		fmt.Fprintf(w, "\nround %d\n", rr.Round)

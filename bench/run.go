@@ -57,6 +57,9 @@ func run(ctx context.Context, o *options, args []string, progress io.Writer) (*r
 	if o.has("memory") {
 		rep.GuberCache = guberCacheSize(o.MemKeys)
 	}
+	if o.has("memory-mesh") {
+		rep.MeshWorkers = o.MeshWorkers
+	}
 	modDir := moduleDir(ctx)
 	rep.Ratemesh = ratemeshVersion(ctx, modDir)
 	rmBin, gbBin, err := build(ctx, o, modDir, progress)
