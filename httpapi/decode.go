@@ -108,17 +108,35 @@ const maxPooledBody = 16 << 10
 
 var bodies = sync.Pool{New: func() any { return new(body) }}
 
-// readBody reads r's body and decodes it. The caller hands the result
-// back with release once it has read its fields: their raw bytes point
-// into its buffer.
+// wholeBody is a request body read whole before the API sees it, as
+// cmd/ratemesh's server reads every body: Bytes returns its unread bytes
+// (as *bytes.Buffer's does), which stay as they are until the handler
+// returns.
+type wholeBody interface{ Bytes() []byte }
+
+// readBody reads r's body and decodes it: in place when the body is a
+// wholeBody within MaxBodyBytes, else copied into the pooled buffer. The
+// caller hands the result back with release once it has read its fields,
+// before it returns: their raw bytes point into the body's bytes.
 func readBody(w http.ResponseWriter, r *http.Request) (*body, error) {
 	b := bodies.Get().(*body)
-	b.buf.Reset()
-	lim := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-	_, err := b.buf.ReadFrom(lim)
-	data := b.buf.Bytes()
-	if err != nil || !json.Valid(data) {
-		err := readObjectError(data, err)
+	var data []byte
+	if wb, ok := r.Body.(wholeBody); ok && len(wb.Bytes()) <= MaxBodyBytes {
+		data = wb.Bytes()
+	} else {
+		// MaxBytesReader also closes the connection after the answer
+		// of a body over the cap.
+		b.buf.Reset()
+		_, err := b.buf.ReadFrom(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+		data = b.buf.Bytes()
+		if err != nil {
+			err := readObjectError(data, err)
+			b.release()
+			return nil, err
+		}
+	}
+	if !json.Valid(data) {
+		err := readObjectError(data, nil)
 		b.release()
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http/httptest"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -14,6 +15,38 @@ import (
 func decode(data []byte) (*body, error) {
 	r := httptest.NewRequest("POST", "/v1/allow", bytes.NewReader(data))
 	return readBody(httptest.NewRecorder(), r)
+}
+
+// wholeBuf is a body read whole before the API sees it, as cmd/ratemesh's
+// server hands it over (a wholeBody).
+type wholeBuf struct{ bytes.Buffer }
+
+func (*wholeBuf) Close() error { return nil }
+
+// decodeWhole runs data through readBody as a body read whole, which it
+// decodes in place.
+func decodeWhole(data []byte) (*body, error) {
+	wb := new(wholeBuf)
+	wb.Write(data)
+	r := httptest.NewRequest("POST", "/v1/allow", wb)
+	return readBody(httptest.NewRecorder(), r)
+}
+
+// sameDecoding fails unless a body decoded from a reader (b, err) and the
+// same one decoded in place (bw, errw) agree: the same error, or the same
+// fields and checks.
+func sameDecoding(t *testing.T, data []byte, b *body, err error, bw *body, errw error) {
+	t.Helper()
+	switch {
+	case (err == nil) != (errw == nil):
+		t.Fatalf("%q: from a reader %v, in place %v", data, err, errw)
+	case err != nil:
+		if err.Error() != errw.Error() {
+			t.Fatalf("%q: from a reader %v, in place %v", data, err, errw)
+		}
+	case !reflect.DeepEqual(b.top, bw.top) || b.kind != bw.kind || b.nCheck != bw.nCheck || len(b.checks) != len(bw.checks) || len(b.checks) > 0 && !reflect.DeepEqual(b.checks, bw.checks):
+		t.Fatalf("%q: from a reader %+v, in place %+v", data, b.top, bw.top)
+	}
 }
 
 // fromFields reads one check of the single form back out of o, as the
@@ -94,11 +127,17 @@ func FuzzDecodeAllow(f *testing.F) {
 		`{"rule":"api","key":"k"}`, `{"rule":"api","key":"k","cost":3,"class":"payer","max_wait_ms":20}`,
 		`{"rule":"api","key":"k","type":"query","units":2}`, `{"checks":[{"rule":"a","key":"b"},5,{"rule":"c","key":"d","cost":1e2}]}`,
 		`{"\u0072ule":"a\"b","key":"caf\u00e9","zz":[{"a":"]"}],"cost":-0}`, `{"rule":"a","key":"b"} x`, `[1]`, ``, `{"cost":2.0,"checks":null}`,
+		`{"rule":"a","key":"` + strings.Repeat("k", MaxBodyBytes) + `"}`, ` {"rule":"a","key":"k"}` + "\n",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := decode(data)
+		bw, errw := decodeWhole(data)
+		sameDecoding(t, data, b, err, bw, errw)
+		if bw != nil {
+			bw.release()
+		}
 		if err != nil {
 			if _, ok := err.(*badRequest); !ok {
 				t.Fatalf("error %T %v, want a bad request", err, err)
