@@ -222,3 +222,43 @@ func TestReadBodyError(t *testing.T) {
 		}
 	}
 }
+
+// FuzzValid: valid says what json.Valid says of any bytes.
+func FuzzValid(f *testing.F) {
+	for _, s := range []string{
+		``, ` `, `{}`, `[]`, ` { } `, `[ ]`, `{"a":1}`, `{"a" : [1, 2.5, -0, 1e3, 1E+3, 2e-7, true, false, null, "x"]}`,
+		`{"a":1,}`, `{"a":1 "b":2}`, `{,}`, `[,]`, `[1,]`, `{"a"}`, `{"a":}`, `{1:2}`, `{"a":1}}`, `[1]]`, `[1}`, `{"a":1]`,
+		`01`, `-`, `-0`, `-01`, `1.`, `.5`, `1e`, `1e+`, `+1`, `0x10`, `1.5e3.2`, `tru`, `truee`, `nul`, `False`, `"`, `"\"`,
+		`"\u00e9\n\t\/\b\f\r\\\""`, `"\u00g0"`, `"\u00e"`, `"\x"`, "\"\x01\"", "\"\x7f\xff\xfe\"", "\"a\tb\"", `{"a":"b"} x`, `{"a":"b"}{}`,
+		"\t\n\r {\"k\"\n:\r1}\n", `[[[[[[[[[[]]]]]]]]]]`, `[{"a":[{"b":{}}]}]`, `"\ud800"`, `1 2`, `{"a":1`, `[`, `{`, `]`, `}`,
+		strings.Repeat("[", 64) + strings.Repeat("]", 64), strings.Repeat("[", 65) + "1" + strings.Repeat("]", 65),
+		strings.Repeat(`{"a":`, 70) + "1" + strings.Repeat("}", 70), strings.Repeat("[", 10001) + strings.Repeat("]", 10001),
+		strings.Repeat("[", 100) + strings.Repeat("]", 99),
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if got, want := valid(data), json.Valid(data); got != want {
+			t.Fatalf("valid(%q) = %v, json.Valid %v", data, got, want)
+		}
+	})
+}
+
+// BenchmarkValid: valid against json.Valid on /v1/allow's bodies, one
+// check and four.
+func BenchmarkValid(b *testing.B) {
+	for name, body := range map[string][]byte{
+		"one":  []byte(`{"rule":"bench","key":"user-1234","cost":1}`),
+		"four": []byte(`{"checks":[{"rule":"bench","key":"a"},{"rule":"bench","key":"b","cost":2},{"rule":"bench","key":"c"},{"rule":"bench","key":"d"}],"max_wait_ms":50}`),
+	} {
+		for fn, valid := range map[string]func([]byte) bool{"valid": valid, "json.Valid": json.Valid} {
+			b.Run(name+"/"+fn, func(b *testing.B) {
+				for range b.N {
+					if !valid(body) {
+						b.Fatal("refused")
+					}
+				}
+			})
+		}
+	}
+}
