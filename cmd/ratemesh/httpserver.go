@@ -77,6 +77,14 @@ const maxPooledBody = 16 << 10
 
 var wholeBodies = sync.Pool{New: func() any { return new(wholeBody) }}
 
+// release puts b back in the pool, unless its buffer grew past
+// maxPooledBody.
+func (b *wholeBody) release() {
+	if b.Cap() <= maxPooledBody {
+		wholeBodies.Put(b)
+	}
+}
+
 func (b bounded) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	whole := true
@@ -95,7 +103,7 @@ func (b bounded) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, err := wb.ReadFrom(&wb.lr)
 		wb.lr.R = nil
 		if err != nil {
-			wholeBodies.Put(wb)
+			wb.release()
 			_ = rc.SetWriteDeadline(time.Now().Add(b.write))
 			w.Header().Set("Connection", "close")
 			status, msg := http.StatusBadRequest, "body: "+err.Error()
@@ -115,9 +123,7 @@ func (b bounded) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = wb
 		defer func() {
 			r.Body = orig // net/http looks at it once h has returned
-			if wb.Cap() <= maxPooledBody {
-				wholeBodies.Put(wb)
-			}
+			wb.release()
 		}()
 	}
 	if whole {
