@@ -14,8 +14,8 @@ import (
 )
 
 // A request body is decoded in two passes over its bytes, with no
-// map[string]any between them: json.Valid checks the syntax, then a
-// scanner notes where each known field's value lies (object), and
+// map[string]any between them: valid checks the syntax (as json.Valid
+// would, without its per-byte state machine), then a scanner notes where each known field's value lies (object), and
 // fieldReader turns the values into the request's types, naming the
 // field at fault. A body that is not valid JSON, over MaxBodyBytes or
 // cut short by a read error is read again by readObjectError, which runs
@@ -108,17 +108,35 @@ const maxPooledBody = 16 << 10
 
 var bodies = sync.Pool{New: func() any { return new(body) }}
 
-// readBody reads r's body and decodes it. The caller hands the result
-// back with release once it has read its fields: their raw bytes point
-// into its buffer.
+// wholeBody is a request body read whole before the API sees it, as
+// cmd/ratemesh's server reads every body: Bytes returns its unread bytes
+// (as *bytes.Buffer's does), which stay as they are until the handler
+// returns.
+type wholeBody interface{ Bytes() []byte }
+
+// readBody reads r's body and decodes it: in place when the body is a
+// wholeBody within MaxBodyBytes, else copied into the pooled buffer. The
+// caller hands the result back with release once it has read its fields,
+// before it returns: their raw bytes point into the body's bytes.
 func readBody(w http.ResponseWriter, r *http.Request) (*body, error) {
 	b := bodies.Get().(*body)
-	b.buf.Reset()
-	lim := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-	_, err := b.buf.ReadFrom(lim)
-	data := b.buf.Bytes()
-	if err != nil || !json.Valid(data) {
-		err := readObjectError(data, err)
+	var data []byte
+	if wb, ok := r.Body.(wholeBody); ok && len(wb.Bytes()) <= MaxBodyBytes {
+		data = wb.Bytes()
+	} else {
+		// MaxBytesReader also closes the connection after the answer
+		// of a body over the cap.
+		b.buf.Reset()
+		_, err := b.buf.ReadFrom(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+		data = b.buf.Bytes()
+		if err != nil {
+			err := readObjectError(data, err)
+			b.release()
+			return nil, err
+		}
+	}
+	if !valid(data) {
+		err := readObjectError(data, nil)
 		b.release()
 		return nil, err
 	}
@@ -515,4 +533,175 @@ func (o *object) firstUnknown(allowed fieldSet) (string, bool) {
 		}
 	}
 	return name, ok
+}
+
+// maxValidDepth is the deepest nesting valid follows itself; a deeper
+// body goes to json.Valid, which refuses one past 10,000.
+const maxValidDepth = 64
+
+// valid reports what json.Valid(data) does, in one pass over data without
+// encoding/json's call of a state function per byte (FuzzValid holds it
+// to json.Valid).
+func valid(data []byte) bool {
+	const (
+		wantValue  = iota // a value
+		wantKey           // an object's key and its colon
+		afterValue        // a comma, a closing bracket, or the end
+	)
+	var open [maxValidDepth]byte // the open objects' { and arrays' [
+	depth, state, i, n := 0, wantValue, 0, len(data)
+	for {
+		for i < n && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+			i++
+		}
+		switch state {
+		case wantValue:
+			if i == n {
+				return false
+			}
+			state = afterValue
+			switch c := data[i]; {
+			case c == '{' || c == '[':
+				i++
+				for i < n && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+					i++
+				}
+				if i < n && data[i] == c+2 { // } or ], empty
+					i++
+					continue
+				}
+				if depth == maxValidDepth {
+					return json.Valid(data)
+				}
+				open[depth] = c
+				depth++
+				state = wantValue
+				if c == '{' {
+					state = wantKey
+				}
+			case c == '"':
+				if i = validString(data, i); i < 0 {
+					return false
+				}
+			case c == '-' || c >= '0' && c <= '9':
+				if i = validNumber(data, i); i < 0 {
+					return false
+				}
+			case c == 't' && bytes.HasPrefix(data[i:], []byte("true")), c == 'n' && bytes.HasPrefix(data[i:], []byte("null")):
+				i += 4
+			case c == 'f' && bytes.HasPrefix(data[i:], []byte("false")):
+				i += 5
+			default:
+				return false
+			}
+		case wantKey:
+			if i == n || data[i] != '"' {
+				return false
+			}
+			if i = validString(data, i); i < 0 {
+				return false
+			}
+			for i < n && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+				i++
+			}
+			if i == n || data[i] != ':' {
+				return false
+			}
+			i++
+			state = wantValue
+		case afterValue:
+			if depth == 0 {
+				return i == n
+			}
+			if i == n {
+				return false
+			}
+			switch c := data[i]; {
+			case c == ',':
+				state = wantValue
+				if open[depth-1] == '{' {
+					state = wantKey
+				}
+			case c == open[depth-1]+2: // } closing {, ] closing [
+				depth--
+			default:
+				return false
+			}
+			i++
+		}
+	}
+}
+
+// validString returns the index past the string literal at data[i], or
+// -1 if it is not one: escapes as JSON has them, no control characters
+// (any other byte goes, as encoding/json lets invalid UTF-8 through).
+func validString(data []byte, i int) int {
+	for i++; i < len(data); {
+		switch c := data[i]; {
+		case c == '"':
+			return i + 1
+		case c < 0x20:
+			return -1
+		case c != '\\':
+			i++
+		case i+1 == len(data):
+			return -1
+		default:
+			switch data[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(data) {
+					return -1
+				}
+				for _, h := range data[i+2 : i+6] {
+					if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
+						return -1
+					}
+				}
+				i += 6
+			default:
+				return -1
+			}
+		}
+	}
+	return -1
+}
+
+// validNumber returns the index past the number literal at data[i], or
+// -1 if it is not one: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?.
+func validNumber(data []byte, i int) int {
+	n := len(data)
+	digits := func(i int) int { // past one or more digits, or -1
+		if i == n || data[i] < '0' || data[i] > '9' {
+			return -1
+		}
+		for i < n && data[i] >= '0' && data[i] <= '9' {
+			i++
+		}
+		return i
+	}
+	if data[i] == '-' {
+		i++
+	}
+	if i < n && data[i] == '0' {
+		i++
+	} else if i = digits(i); i < 0 {
+		return -1
+	}
+	if i < n && data[i] == '.' {
+		if i = digits(i + 1); i < 0 {
+			return -1
+		}
+	}
+	if i < n && (data[i] == 'e' || data[i] == 'E') {
+		i++
+		if i < n && (data[i] == '+' || data[i] == '-') {
+			i++
+		}
+		if i = digits(i); i < 0 {
+			return -1
+		}
+	}
+	return i
 }

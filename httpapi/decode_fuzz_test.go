@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http/httptest"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -14,6 +15,38 @@ import (
 func decode(data []byte) (*body, error) {
 	r := httptest.NewRequest("POST", "/v1/allow", bytes.NewReader(data))
 	return readBody(httptest.NewRecorder(), r)
+}
+
+// wholeBuf is a body read whole before the API sees it, as cmd/ratemesh's
+// server hands it over (a wholeBody).
+type wholeBuf struct{ bytes.Buffer }
+
+func (*wholeBuf) Close() error { return nil }
+
+// decodeWhole runs data through readBody as a body read whole, which it
+// decodes in place.
+func decodeWhole(data []byte) (*body, error) {
+	wb := new(wholeBuf)
+	wb.Write(data)
+	r := httptest.NewRequest("POST", "/v1/allow", wb)
+	return readBody(httptest.NewRecorder(), r)
+}
+
+// sameDecoding fails unless a body decoded from a reader (b, err) and the
+// same one decoded in place (bw, errw) agree: the same error, or the same
+// fields and checks.
+func sameDecoding(t *testing.T, data []byte, b *body, err error, bw *body, errw error) {
+	t.Helper()
+	switch {
+	case (err == nil) != (errw == nil):
+		t.Fatalf("%q: from a reader %v, in place %v", data, err, errw)
+	case err != nil:
+		if err.Error() != errw.Error() {
+			t.Fatalf("%q: from a reader %v, in place %v", data, err, errw)
+		}
+	case !reflect.DeepEqual(b.top, bw.top) || b.kind != bw.kind || b.nCheck != bw.nCheck || len(b.checks) != len(bw.checks) || len(b.checks) > 0 && !reflect.DeepEqual(b.checks, bw.checks):
+		t.Fatalf("%q: from a reader %+v, in place %+v", data, b.top, bw.top)
+	}
 }
 
 // fromFields reads one check of the single form back out of o, as the
@@ -94,11 +127,17 @@ func FuzzDecodeAllow(f *testing.F) {
 		`{"rule":"api","key":"k"}`, `{"rule":"api","key":"k","cost":3,"class":"payer","max_wait_ms":20}`,
 		`{"rule":"api","key":"k","type":"query","units":2}`, `{"checks":[{"rule":"a","key":"b"},5,{"rule":"c","key":"d","cost":1e2}]}`,
 		`{"\u0072ule":"a\"b","key":"caf\u00e9","zz":[{"a":"]"}],"cost":-0}`, `{"rule":"a","key":"b"} x`, `[1]`, ``, `{"cost":2.0,"checks":null}`,
+		`{"rule":"a","key":"` + strings.Repeat("k", MaxBodyBytes) + `"}`, ` {"rule":"a","key":"k"}` + "\n",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := decode(data)
+		bw, errw := decodeWhole(data)
+		sameDecoding(t, data, b, err, bw, errw)
+		if bw != nil {
+			bw.release()
+		}
 		if err != nil {
 			if _, ok := err.(*badRequest); !ok {
 				t.Fatalf("error %T %v, want a bad request", err, err)
@@ -180,6 +219,46 @@ func TestReadBodyError(t *testing.T) {
 		_, err := readBody(httptest.NewRecorder(), r)
 		if err == nil || err.Error() != want {
 			t.Errorf("%q: %v, want %s", body, err, want)
+		}
+	}
+}
+
+// FuzzValid: valid says what json.Valid says of any bytes.
+func FuzzValid(f *testing.F) {
+	for _, s := range []string{
+		``, ` `, `{}`, `[]`, ` { } `, `[ ]`, `{"a":1}`, `{"a" : [1, 2.5, -0, 1e3, 1E+3, 2e-7, true, false, null, "x"]}`,
+		`{"a":1,}`, `{"a":1 "b":2}`, `{,}`, `[,]`, `[1,]`, `{"a"}`, `{"a":}`, `{1:2}`, `{"a":1}}`, `[1]]`, `[1}`, `{"a":1]`,
+		`01`, `-`, `-0`, `-01`, `1.`, `.5`, `1e`, `1e+`, `+1`, `0x10`, `1.5e3.2`, `tru`, `truee`, `nul`, `False`, `"`, `"\"`,
+		`"\u00e9\n\t\/\b\f\r\\\""`, `"\u00g0"`, `"\u00e"`, `"\x"`, "\"\x01\"", "\"\x7f\xff\xfe\"", "\"a\tb\"", `{"a":"b"} x`, `{"a":"b"}{}`,
+		"\t\n\r {\"k\"\n:\r1}\n", `[[[[[[[[[[]]]]]]]]]]`, `[{"a":[{"b":{}}]}]`, `"\ud800"`, `1 2`, `{"a":1`, `[`, `{`, `]`, `}`,
+		strings.Repeat("[", 64) + strings.Repeat("]", 64), strings.Repeat("[", 65) + "1" + strings.Repeat("]", 65),
+		strings.Repeat(`{"a":`, 70) + "1" + strings.Repeat("}", 70), strings.Repeat("[", 10001) + strings.Repeat("]", 10001),
+		strings.Repeat("[", 100) + strings.Repeat("]", 99),
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if got, want := valid(data), json.Valid(data); got != want {
+			t.Fatalf("valid(%q) = %v, json.Valid %v", data, got, want)
+		}
+	})
+}
+
+// BenchmarkValid: valid against json.Valid on /v1/allow's bodies, one
+// check and four.
+func BenchmarkValid(b *testing.B) {
+	for name, body := range map[string][]byte{
+		"one":  []byte(`{"rule":"bench","key":"user-1234","cost":1}`),
+		"four": []byte(`{"checks":[{"rule":"bench","key":"a"},{"rule":"bench","key":"b","cost":2},{"rule":"bench","key":"c"},{"rule":"bench","key":"d"}],"max_wait_ms":50}`),
+	} {
+		for fn, valid := range map[string]func([]byte) bool{"valid": valid, "json.Valid": json.Valid} {
+			b.Run(name+"/"+fn, func(b *testing.B) {
+				for range b.N {
+					if !valid(body) {
+						b.Fatal("refused")
+					}
+				}
+			})
 		}
 	}
 }

@@ -21,9 +21,14 @@ var answers = sync.Pool{New: func() any {
 	return a
 }}
 
+// jsonType is every answer's Content-Type, set by assigning it to the
+// header map: Header.Set would canonicalise the name and allocate the
+// slice on every answer. net/http only reads it.
+var jsonType = []string{"application/json"}
+
 // send writes a's body with status, and puts a back.
 func (a *answer) send(w http.ResponseWriter, status int) {
-	w.Header().Set("Content-Type", "application/json")
+	w.Header()["Content-Type"] = jsonType
 	w.WriteHeader(status)
 	_, _ = w.Write(a.buf.Bytes())
 	if a.buf.Cap() <= maxPooledBody {

@@ -2,6 +2,8 @@ package httpapi
 
 import (
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 )
 
@@ -40,5 +42,32 @@ func TestClean(t *testing.T) {
 		if got := clean(p); got != want {
 			t.Errorf("clean(%q) = %v, want %v", p, got, want)
 		}
+	}
+}
+
+// TestHeaderNamesCanonical: the header names the handlers read or set
+// through the header map directly are in net/http's canonical form, the
+// one it stores a request's in.
+func TestHeaderNamesCanonical(t *testing.T) {
+	for _, name := range []string{MaxWaitHeader, envoyTimeoutHeader, "Content-Type"} {
+		if c := http.CanonicalHeaderKey(name); c != name {
+			t.Errorf("%s: canonical %s", name, c)
+		}
+	}
+}
+
+// TestAnswerHeader: an answer carries Content-Type application/json, and
+// a header added to it later leaves the shared value alone.
+func TestAnswerHeader(t *testing.T) {
+	w := httptest.NewRecorder()
+	writeAllow(w, AllowResponse{Allowed: true, Reason: "admitted"})
+	w.Header().Add("Content-Type", "text/plain")
+	if got := w.Header()["Content-Type"]; len(got) != 2 || got[0] != "application/json" || len(jsonType) != 1 || jsonType[0] != "application/json" {
+		t.Errorf("Content-Type %q, shared %q", got, jsonType)
+	}
+	w = httptest.NewRecorder()
+	writeJSON(w, http.StatusTeapot, HealthResponse{State: "ready"})
+	if w.Code != http.StatusTeapot || w.Header().Get("Content-Type") != "application/json" || w.Body.String() != "{\"state\":\"ready\"}\n" {
+		t.Errorf("%d %v %q", w.Code, w.Header(), w.Body)
 	}
 }

@@ -2,6 +2,8 @@ package httpapi
 
 import (
 	"regexp"
+	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -21,7 +23,19 @@ type metrics struct {
 	reloads   *prometheus.CounterVec
 	refused   *prometheus.CounterVec
 	deadlines *deadline.Metrics
+
+	// The latency of each endpoint, and decisions' counters by rule
+	// (byRule), looked up once: a vector's lookup hashes the labels and
+	// takes its lock on every request.
+	allowLatency, acquireLatency prometheus.Observer
+	byRuleMu                     sync.Mutex // held to add a rule to byRule
+	byRule                       atomic.Pointer[map[string]*ruleCounters]
 }
+
+// ruleCounters are one rule's decisions counters by result: a reason's
+// at its index, "unknown" at limiter.NumReasons and "shadowed" after it,
+// each set on its first use.
+type ruleCounters [limiter.NumReasons + 2]atomic.Pointer[prometheus.Counter]
 
 func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
 	m := &metrics{
@@ -54,6 +68,8 @@ func newMetrics(reg *prometheus.Registry, cfg Config) *metrics {
 	}
 	reg.MustRegister(m.decisions, m.latency, m.reloads, m.refused, m.deadlines, &stateCollector{cfg: cfg},
 		goCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.allowLatency, m.acquireLatency = m.latency.WithLabelValues("allow"), m.latency.WithLabelValues("acquire")
+	m.byRule.Store(&map[string]*ruleCounters{})
 	return m
 }
 
@@ -68,11 +84,48 @@ func goCollector() prometheus.Collector {
 
 // decided counts one decision of rule.
 func (m *metrics) decided(rule string, d node.Decision) {
-	result := d.Reason.String()
+	i := min(int(d.Reason), limiter.NumReasons) // "unknown" past the names
 	if d.Shadow {
-		result = "shadowed"
+		i = limiter.NumReasons + 1
 	}
-	m.decisions.WithLabelValues(rule, result).Inc()
+	rc := m.counters(rule)
+	c := rc[i].Load()
+	if c == nil {
+		result := d.Reason.String()
+		if d.Shadow {
+			result = "shadowed"
+		}
+		// Two requests may both get here: the vector hands both the
+		// same counter.
+		cnt := m.decisions.WithLabelValues(rule, result)
+		c = &cnt
+		rc[i].Store(c)
+	}
+	(*c).Inc()
+}
+
+// counters returns rule's decisions counters, adding them to byRule (a
+// copy of the map, which is read without a lock) on the rule's first
+// decision. The map holds the rules ever decided, as the vector holds
+// their counters: both stay as small as the rule set's history.
+func (m *metrics) counters(rule string) *ruleCounters {
+	if rc, ok := (*m.byRule.Load())[rule]; ok {
+		return rc
+	}
+	m.byRuleMu.Lock()
+	defer m.byRuleMu.Unlock()
+	old := *m.byRule.Load()
+	if rc, ok := old[rule]; ok {
+		return rc
+	}
+	next := make(map[string]*ruleCounters, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	rc := new(ruleCounters)
+	next[rule] = rc
+	m.byRule.Store(&next)
+	return rc
 }
 
 var (

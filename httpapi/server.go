@@ -161,9 +161,11 @@ func Scopes(metricsAuth bool) []Route {
 
 // authorize wraps h: with tokens configured, a request without a valid
 // token answers 401 with WWW-Authenticate: Bearer (RFC 6750), one whose
-// token lacks rt's scope 403, both with the API's JSON error.
+// token lacks rt's scope 403, both with the API's JSON error. Without
+// tokens (Config.Tokens nil, which Tokens.Authorize lets everything
+// through) h is served as it is.
 func (s *Server) authorize(rt Route, h http.HandlerFunc) http.HandlerFunc {
-	if rt.Scope == apiauth.None {
+	if rt.Scope == apiauth.None || s.cfg.Tokens == nil {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -412,7 +414,9 @@ const maxHeaderWait = time.Hour
 // malformed Envoy header is ignored (Envoy wrote it, not the caller).
 func callerDeadline(r *http.Request, arrived time.Time, body uint64, hasBody bool) (dl time.Time, ok bool, err error) {
 	wait, ok := time.Duration(body)*time.Millisecond, hasBody
-	if vs := r.Header.Values(MaxWaitHeader); len(vs) > 0 {
+	// Both names are canonical (TestHeaderNamesCanonical), as net/http
+	// stores a request's: read the map without canonicalising them again.
+	if vs := r.Header[MaxWaitHeader]; len(vs) > 0 {
 		ms, perr := strconv.ParseUint(strings.TrimSpace(vs[0]), 10, 64)
 		switch {
 		case len(vs) > 1:
@@ -426,7 +430,8 @@ func callerDeadline(r *http.Request, arrived time.Time, body uint64, hasBody boo
 		}
 	}
 	// Most requests come without it, and parsing "" would allocate its error.
-	if v := r.Header.Get(envoyTimeoutHeader); v != "" {
+	if vs := r.Header[envoyTimeoutHeader]; len(vs) > 0 && vs[0] != "" {
+		v := vs[0]
 		if ms, perr := strconv.ParseUint(strings.TrimSpace(v), 10, 64); perr == nil && ms > 0 {
 			w := time.Duration(min(ms, uint64(maxHeaderWait/time.Millisecond))) * time.Millisecond
 			if !ok || w < wait {
@@ -458,6 +463,16 @@ func decideContext(r *http.Request, dl time.Time, ok bool) context.Context {
 		return r.Context()
 	}
 	return deadline.Bound(r.Context(), dl)
+}
+
+// answered counts an answer by the caller's deadline (deadline.Metrics);
+// the moment it went out matters only when there is one.
+func (s *Server) answered(dl time.Time, hasDL bool, arrived time.Time) {
+	var now time.Time
+	if hasDL {
+		now = time.Now()
+	}
+	s.metrics.deadlines.Observe(dl, hasDL, arrived, now)
 }
 
 func msCeil(d time.Duration) int64 {
@@ -501,14 +516,14 @@ func (s *Server) allow(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	d, err := s.cfg.Node.Allow(decideContext(r, dl, hasDL), c.rule, c.key, c.options()...)
-	s.metrics.latency.WithLabelValues("allow").Observe(time.Since(start).Seconds())
+	s.metrics.allowLatency.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
 	s.metrics.decided(c.rule, d)
 	writeAllow(w, toResponse(d))
-	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
+	s.answered(dl, hasDL, arrived)
 }
 
 // MaxChecks caps the checks of one all-or-nothing request.
@@ -559,7 +574,7 @@ func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, arrived time.T
 	}
 	start := time.Now()
 	allowed, ds, err := s.cfg.Node.AllowAll(decideContext(r, dl, hasDL), checks...)
-	s.metrics.latency.WithLabelValues("allow").Observe(time.Since(start).Seconds())
+	s.metrics.allowLatency.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -570,7 +585,7 @@ func (s *Server) allowAll(w http.ResponseWriter, r *http.Request, arrived time.T
 		resp.Results[i] = toResponse(d)
 	}
 	writeAllowAll(w, resp)
-	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
+	s.answered(dl, hasDL, arrived)
 }
 
 // waitMargin is the time /v1/wait leaves for its answer before the
@@ -626,7 +641,7 @@ func (s *Server) wait(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.decided(c.rule, d)
 	writeJSON(w, http.StatusOK, toResponse(d))
-	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
+	s.answered(dl, hasDL, arrived)
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
@@ -661,7 +676,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	lease, d, err := s.cfg.Node.Acquire(decideContext(r, dl, hasDL), rule, key, opts...)
-	s.metrics.latency.WithLabelValues("acquire").Observe(time.Since(start).Seconds())
+	s.metrics.acquireLatency.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -676,7 +691,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		resp.TTLMs = msCeil(time.Until(lease.Expires()))
 	}
 	writeJSON(w, http.StatusOK, resp)
-	s.metrics.deadlines.Observe(dl, hasDL, arrived, time.Now())
+	s.answered(dl, hasDL, arrived)
 }
 
 func (s *Server) leaseID(w http.ResponseWriter, r *http.Request) (string, bool) {
