@@ -186,7 +186,7 @@ func TestLifecycle(t *testing.T) {
 	if st := m.Stats(); st.PublishedAlone != 1 || st.Published != 0 {
 		t.Errorf("after publishing alone: PublishedAlone %d, Published %d; want 1, 0", st.PublishedAlone, st.Published)
 	}
-	// Our own validator runs on what we publish.
+	// Publish refuses a batch claiming another author.
 	if err := m.Publish(ctx, batch("12D3KooWSomebodyElse", 2, "k", 1)); err == nil {
 		t.Error("published a batch claiming another author")
 	}
