@@ -142,6 +142,7 @@ var (
 	descFuture   = prometheus.NewDesc("ratemesh_entries_future_held_total", "Received counter entries for a window beginning beyond max_skew ahead of mesh time, held and merged once it came within.", nil, nil)
 	descBytes    = prometheus.NewDesc("ratemesh_mesh_bytes_total", "Encoded batch bytes, by direction (sent, received) and channel (gossip, sync).", []string{"direction", "channel"}, nil)
 	descMsgs     = prometheus.NewDesc("ratemesh_mesh_messages_total", "Batches, by direction (sent, received) and channel (gossip, sync).", []string{"direction", "channel"}, nil)
+	descAlone    = prometheus.NewDesc("ratemesh_mesh_published_alone_total", "Batches not gossiped because the node had no connection (a lone member); not in ratemesh_mesh_messages_total.", nil, nil)
 	descWire     = prometheus.NewDesc("ratemesh_mesh_wire_bytes_total", "Bytes carried by libp2p streams, by direction (in, out).", []string{"direction"}, nil)
 	descRejected = prometheus.NewDesc("ratemesh_mesh_rejected_total", "Received batches refused by the validator, by channel and reason.", []string{"channel", "reason"}, nil)
 	descDropped  = prometheus.NewDesc("ratemesh_mesh_dropped_total", "Messages dropped inside gossipsub at a full queue, by queue.", []string{"queue"}, nil)
@@ -161,7 +162,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	if c.cfg.Transport != nil {
-		for _, d := range []*prometheus.Desc{descBytes, descMsgs, descWire, descRejected, descDropped, descRefused, descConnsRef} {
+		for _, d := range []*prometheus.Desc{descBytes, descMsgs, descAlone, descWire, descRejected, descDropped, descRefused, descConnsRef} {
 			ch <- d
 		}
 	}
@@ -227,6 +228,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descBytes, ms.DirectSentBytes, "sent", "sync")
 		counter(descBytes, ms.DirectReceivedBytes, "received", "sync")
 		counter(descMsgs, ms.Published, "sent", "gossip")
+		counter(descAlone, ms.PublishedAlone)
 		counter(descMsgs, ms.Received, "received", "gossip")
 		counter(descMsgs, ms.DirectSent, "sent", "sync")
 		counter(descMsgs, ms.DirectReceived, "received", "sync")
