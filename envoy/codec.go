@@ -56,108 +56,94 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 // hits_addend wrapper given twice, invalid UTF-8, a bad encoding) it
 // reports false, and m is to be reset and left to proto.Unmarshal.
 func decodeRequest(b []byte, m *rlspb.RateLimitRequest) bool {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return false
-		}
-		b = b[n:]
+	return eachField(b, func(num protowire.Number, typ protowire.Type, v uint64, s []byte) bool {
 		switch {
-		case num == 1 && typ == protowire.BytesType:
-			s, n := protowire.ConsumeBytes(b)
-			if n < 0 || !utf8.Valid(s) {
-				return false
-			}
-			m.Domain, b = string(s), b[n:]
+		case num == 1 && typ == protowire.BytesType && utf8.Valid(s):
+			m.Domain = string(s)
 		case num == 2 && typ == protowire.BytesType:
-			s, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return false
-			}
 			d := new(rlcommon.RateLimitDescriptor)
 			if !decodeDescriptor(s, d) {
 				return false
 			}
-			m.Descriptors, b = append(m.Descriptors, d), b[n:]
+			m.Descriptors = append(m.Descriptors, d)
 		case num == 3 && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return false
-			}
-			m.HitsAddend, b = uint32(v), b[n:]
+			m.HitsAddend = uint32(v)
 		default:
 			return false
 		}
-	}
-	return true
+		return true
+	})
 }
 
 func decodeDescriptor(b []byte, d *rlcommon.RateLimitDescriptor) bool {
+	return eachField(b, func(num protowire.Number, typ protowire.Type, v uint64, s []byte) bool {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			e := new(rlcommon.RateLimitDescriptor_Entry)
+			if !decodeEntry(s, e) {
+				return false
+			}
+			d.Entries = append(d.Entries, e)
+		case num == 3 && typ == protowire.BytesType && d.HitsAddend == nil:
+			// Given twice, the two would be merged: left to protobuf.
+			w := new(wrapperspb.UInt64Value)
+			if !eachField(s, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) bool {
+				w.Value = v
+				return num == 1 && typ == protowire.VarintType
+			}) {
+				return false
+			}
+			d.HitsAddend = w
+		case num == 4 && typ == protowire.VarintType:
+			d.IsNegativeHits = protowire.DecodeBool(v)
+		default:
+			return false
+		}
+		return true
+	})
+}
+
+func decodeEntry(b []byte, e *rlcommon.RateLimitDescriptor_Entry) bool {
+	return eachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, s []byte) bool {
+		switch {
+		case typ != protowire.BytesType || !utf8.Valid(s):
+			return false
+		case num == 1:
+			e.Key = string(s)
+		case num == 2:
+			e.Value = string(s)
+		default:
+			return false
+		}
+		return true
+	})
+}
+
+// eachField hands f every field of the message b in order: its number,
+// its wire type and its value (v for a varint, s for bytes), and reports
+// whether b is well formed, holds only varint and bytes fields, and f
+// took each (true).
+func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, s []byte) bool) bool {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return false
 		}
 		b = b[n:]
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			s, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return false
-			}
-			e := new(rlcommon.RateLimitDescriptor_Entry)
-			if !decodeEntry(s, e) {
-				return false
-			}
-			d.Entries, b = append(d.Entries, e), b[n:]
-		case num == 3 && typ == protowire.BytesType && d.HitsAddend == nil:
-			// Given twice, the two would be merged: left to protobuf.
-			s, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return false
-			}
-			w := new(wrapperspb.UInt64Value)
-			for len(s) > 0 {
-				num, typ, k := protowire.ConsumeTag(s)
-				if k < 0 || num != 1 || typ != protowire.VarintType {
-					return false
-				}
-				v, j := protowire.ConsumeVarint(s[k:])
-				if j < 0 {
-					return false
-				}
-				w.Value, s = v, s[k+j:]
-			}
-			d.HitsAddend, b = w, b[n:]
-		case num == 4 && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return false
-			}
-			d.IsNegativeHits, b = protowire.DecodeBool(v), b[n:]
+		var v uint64
+		var s []byte
+		switch typ {
+		case protowire.VarintType:
+			v, n = protowire.ConsumeVarint(b)
+		case protowire.BytesType:
+			s, n = protowire.ConsumeBytes(b)
 		default:
 			return false
 		}
-	}
-	return true
-}
-
-func decodeEntry(b []byte, e *rlcommon.RateLimitDescriptor_Entry) bool {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || typ != protowire.BytesType || (num != 1 && num != 2) {
+		if n < 0 || !f(num, typ, v, s) {
 			return false
 		}
-		s, k := protowire.ConsumeBytes(b[n:])
-		if k < 0 || !utf8.Valid(s) {
-			return false
-		}
-		if num == 1 {
-			e.Key = string(s)
-		} else {
-			e.Value = string(s)
-		}
-		b = b[n+k:]
+		b = b[n:]
 	}
 	return true
 }
