@@ -441,9 +441,9 @@ func (m *Mesh) start(h node.Handler) (*sync.WaitGroup, error) {
 // decode our own copy and send it to nobody, the larger part of a lone
 // member's CPU under load. A peer that connects later gets our whole view
 // then (anti-entropy), and the first batch it hears starts its sequence.
-// A peer connected but not yet subscribed is not alone's: gossipsub's
-// message cache offers it what we published meanwhile once it subscribes,
-// after our full state went out. Stats.PublishedAlone counts them.
+// A connected peer that has not subscribed yet does not make us alone:
+// gossipsub's message cache offers it what we publish meanwhile once it
+// subscribes. Stats.PublishedAlone counts the batches not handed over.
 func (m *Mesh) Publish(ctx context.Context, b *crdt.Batch) error {
 	topic, err := m.liveTopic()
 	if err != nil {

@@ -57,15 +57,15 @@ func (c *Core) noteAdmitted(l *limiter.Limiter, d *limiter.Decision, cost uint64
 		c.unpub[l] = u
 	}
 	u.credits += cost
-	if float64(u.credits+u.built) >= c.budgetOf(l) {
+	if c.reaches(l, u.credits+u.built) {
 		c.overBudget = true
 	}
 }
 
-// budgetOf returns l's rule's publish budget: the configured fraction of
-// the member's share.
-func (c *Core) budgetOf(l *limiter.Limiter) float64 {
-	return c.cfg.publishBudget() * float64(l.Rule().Limit) / float64(max(c.members.n, 1))
+// reaches reports whether credits reach l's rule's publish budget: the
+// configured fraction of the member's share.
+func (c *Core) reaches(l *limiter.Limiter, credits uint64) bool {
+	return float64(credits) >= c.cfg.publishBudget()*float64(l.Rule().Limit)/float64(max(c.members.n, 1))
 }
 
 // OverBudget reports whether some rule's credits admitted and not handed
@@ -83,7 +83,7 @@ func (c *Core) Handed() {
 	c.overBudget = false
 	for l, u := range c.unpub {
 		u.built = 0
-		if float64(u.credits) >= c.budgetOf(l) {
+		if c.reaches(l, u.credits) {
 			c.overBudget = true
 		}
 	}
