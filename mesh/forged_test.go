@@ -315,3 +315,33 @@ func TestForgedDirectRejected(t *testing.T) {
 		return a.Stats().RejectedDirect[ReasonMalformed] == 1, "malformed direct batch counted"
 	})
 }
+
+// TestGossipClaimingTheReceiverRejected: our validator accepts our own
+// messages unread, so a raw gossipsub peer tries to pass for us — a batch
+// naming the receiver as its author, signed by itself. It is refused as a
+// forged author like any other (the accept goes by the peer that handed
+// the message over, which a remote peer cannot be), and an honest batch
+// from the same peer, published after it, arrives.
+func TestGossipClaimingTheReceiverRejected(t *testing.T) {
+	t.Parallel()
+	a, ra := startMesh(t, testConfig(t))
+	raw := newRawPeer(t, a.Topic())
+	raw.connect(t, a)
+	rawID := raw.h.ID().String()
+	ctx := context.Background()
+	if err := raw.topic.Publish(ctx, encode(t, batch(a.PeerID(), 1, "as-the-receiver", 1))); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.topic.Publish(ctx, encode(t, batch(rawID, 1, "honest", 1))); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() (bool, string) {
+		return ra.has(rawID, "honest"), "the honest batch delivered"
+	})
+	if got := a.Stats().RejectedGossip[ReasonAuthor]; got != 1 {
+		t.Errorf("RejectedGossip[author] = %d, want 1", got)
+	}
+	if _, ok := ra.find("as-the-receiver"); ok {
+		t.Error("the handler was given a batch claiming the receiver's own identity")
+	}
+}
