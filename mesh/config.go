@@ -69,7 +69,9 @@ type Config struct {
 	// holding a different key never completes the handshake; the dial
 	// fails after DialTimeout with ErrKeyMismatchOrUnreachable.
 	DialTimeout time.Duration
-	// SyncTimeout bounds one anti-entropy stream, either side.
+	// SyncTimeout bounds each step of an anti-entropy stream, either
+	// side: opening it, each frame written or read, and the receipt after
+	// the last. A long transfer goes on while it makes progress.
 	SyncTimeout time.Duration
 	// MaxSyncBatches caps the batches one anti-entropy stream may carry.
 	MaxSyncBatches int

@@ -30,8 +30,13 @@ import (
 
 // SendDirect sends bs, in order, to peer alone over the anti-entropy
 // stream, dialling it if needed. It returns once the peer has read and
-// accepted every batch, or fails: ctx (or SyncTimeout, whichever is
-// sooner) bounds the whole exchange. It does not retain bs.
+// accepted every batch, or fails: when ctx ends, or when a step makes no
+// progress for SyncTimeout — opening the stream, writing a frame (which
+// waits while the peer reads no more), or awaiting the receipt after the
+// last. A long transfer to a slow receiver (a full state of a million
+// keys to a member on a starved host) so goes on while the receiver
+// reads; a receiver that stops is given up SyncTimeout later. It does
+// not retain bs.
 func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) error {
 	if _, err := m.liveTopic(); err != nil {
 		return err
@@ -67,25 +72,26 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 	if len(frames) > m.cfg.MaxSyncBatches {
 		return fmt.Errorf("mesh: send to %s: %d batches, over the cap of %d", peerID, len(frames), m.cfg.MaxSyncBatches)
 	}
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.SyncTimeout)
-	defer cancel()
-	s, err := m.h.NewStream(ctx, p, m.syncProto)
+	dialCtx, cancel := context.WithTimeout(ctx, m.cfg.SyncTimeout)
+	s, err := m.h.NewStream(dialCtx, p, m.syncProto)
+	cancel()
 	if err != nil {
 		return fmt.Errorf("mesh: send to %s: open %s: %w", peerID, m.syncProto, err)
 	}
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stop()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = s.SetDeadline(dl)
-	}
-	if err := writeFrames(s, frames); err != nil {
+	if err := writeFrames(idleWriter{s, m.cfg.SyncTimeout}, frames); err != nil {
 		s.Reset()
-		return fmt.Errorf("mesh: send to %s: %w", peerID, err)
+		return fmt.Errorf("mesh: send to %s: %w (nothing written for the sync timeout, %v)", peerID, err, m.cfg.SyncTimeout)
 	}
+	_ = s.SetWriteDeadline(time.Now().Add(m.cfg.SyncTimeout))
 	if err := s.CloseWrite(); err != nil {
 		s.Reset()
 		return fmt.Errorf("mesh: send to %s: %w", peerID, err)
 	}
+	// The receipt: what is still unread fits in the stream's window (a
+	// frame's write waits while it is full), so SyncTimeout covers it.
+	_ = s.SetReadDeadline(time.Now().Add(m.cfg.SyncTimeout))
 	var one [1]byte
 	n, err := s.Read(one[:])
 	switch {
@@ -103,6 +109,19 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 	m.st.directSent.Add(uint64(len(frames)))
 	m.st.directSentBytes.Add(uint64(total))
 	return nil
+}
+
+// idleWriter gives each write to a stream the timeout from its start: a
+// writer that waits on a full window fails only when the reader has taken
+// nothing for that long.
+type idleWriter struct {
+	s       network.Stream
+	timeout time.Duration
+}
+
+func (w idleWriter) Write(p []byte) (int, error) {
+	_ = w.s.SetWriteDeadline(time.Now().Add(w.timeout))
+	return w.s.Write(p)
 }
 
 func writeFrames(w io.Writer, frames [][]byte) error {
@@ -128,14 +147,16 @@ func writeFrames(w io.Writer, frames [][]byte) error {
 // not read); an implausible one is dropped and reading goes on, since it
 // may only mean the peers' rules differ for a while, and so is a full
 // state that relays a peer this member's allowlist refuses (the
-// members' allowlists may differ for a while). Reads are bounded by
-// SyncTimeout, MaxMessageBytes and MaxSyncBatches.
+// members' allowlists may differ for a while). Each frame must arrive
+// within SyncTimeout of the last one's delivery (a slow node takes its
+// time to merge a long transfer, a peer that stops is cut off), each is
+// at most MaxMessageBytes, and a stream at most MaxSyncBatches frames.
 func (m *Mesh) handleSync(s network.Stream) {
 	remote := s.Conn().RemotePeer()
 	author := remote.String()
-	_ = s.SetDeadline(time.Now().Add(m.cfg.SyncTimeout))
 	r := bufio.NewReader(s)
 	for n := 0; ; n++ {
+		_ = s.SetReadDeadline(time.Now().Add(m.cfg.SyncTimeout))
 		size, err := binary.ReadUvarint(r)
 		if errors.Is(err, io.EOF) {
 			break // the sender closed its side after a whole frame
