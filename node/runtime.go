@@ -60,7 +60,9 @@ type Config struct {
 	// (SyncInterval) still publishes heartbeats, acknowledgements and
 	// whatever is pending. Under a steady load the member thus publishes
 	// every PublishGap, and a sparse change goes out without waiting.
-	// 0 means SyncInterval/2; a negative value turns the leading edge off,
+	// 0 means the default: SyncInterval/2, stretched toward SyncInterval
+	// in a large mesh (see PublishGap, the function); a negative value
+	// turns the leading edge off,
 	// leaving changes to the tick (a simulator scenario's
 	// mesh.publish_gap: tick).
 	PublishGap time.Duration
@@ -121,9 +123,6 @@ func (c *Config) fillDefaults() {
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
-	}
-	if c.PublishGap == 0 {
-		c.PublishGap = c.SyncInterval / 2
 	}
 	c.fillPersistDefaults()
 }

@@ -29,12 +29,14 @@
 // the same byte for byte.
 //
 // A decision, a lease operation or a nack to serve arms the node's leading
-// edge as it wakes the runtime's run loop (node.Config.PublishGap, by
-// default half the sync interval; mesh.publish_gap): the node publishes
-// its own changes at once when its last batch is at least the gap old, and
-// otherwise the gap after that batch, with every change made meanwhile
-// (Core.Flush); the sync tick still publishes heartbeats, acknowledgements
-// and whatever is pending. mesh.publish_gap: tick turns it off.
+// edge as it wakes the runtime's run loop (node.Config.PublishGap;
+// mesh.publish_gap; by default half the sync interval, stretched toward
+// the whole interval in a mesh of more than node.EdgeInbound × interval/2
+// members: node.PublishGap): the node publishes its own changes at once
+// when its last batch is at least the gap old, and otherwise the gap
+// after that batch, with every change made meanwhile (Core.Flush); the
+// sync tick still publishes heartbeats, acknowledgements and whatever is
+// pending. mesh.publish_gap: tick turns it off.
 //
 // Each node's local clock is virtual time plus its skew offset. Time starts
 // at 2026-01-01T00:00:00Z, aligned to every window. Skew events at 0s apply

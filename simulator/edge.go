@@ -37,10 +37,10 @@ import (
 // (its simNode.edge) or the scenario turns it off.
 func (s *sim) arm(r int) {
 	n := s.nodes[r]
-	if s.gap <= 0 || n.edge != 0 || !n.up {
+	if s.gap < 0 || n.edge != 0 || !n.up {
 		return
 	}
-	s.pushEdge(r, publishWait(s.local(r), n.core.LastPublished(), s.gap))
+	s.pushEdge(r, node.PublishWait(s.local(r), n.core.LastPublished(), s.gapOf(n)))
 }
 
 // pushEdge schedules node r's edge wait after now, rounded up to whole
@@ -109,7 +109,7 @@ func (s *sim) edge(r int) error {
 	}
 	n := s.nodes[r]
 	now := s.local(r)
-	s.edgeWait[r] = publishWait(now, n.core.LastPublished(), s.gap)
+	s.edgeWait[r] = node.PublishWait(now, n.core.LastPublished(), s.gapOf(n))
 	if s.edgeWait[r] <= 0 {
 		n.core.Flush(now)
 		s.readies[r] = n.core.Ready()
@@ -128,14 +128,10 @@ func nacks(b *crdt.Batch, self crdt.Slot) bool {
 	return false
 }
 
-// publishWait returns how long after now a change may be published when
-// the member's last batch was built at last and batches are at least gap
-// apart: 0 once gap has passed (or before any batch), never more than gap
-// (a clock that stepped back does not hold changes longer). It is the
-// runtime's (node/runtime_publish.go), which node does not export.
-func publishWait(now, last time.Time, gap time.Duration) time.Duration {
-	if last.IsZero() {
-		return 0
-	}
-	return min(max(last.Add(gap).Sub(now), 0), gap)
+// gapOf is the least time between two batches of node n: the scenario's
+// PublishGap, or by default the runtime's, which stretches with the
+// members n's core counts (node.PublishGap).
+func (s *sim) gapOf(n *simNode) time.Duration {
+	members, _ := n.core.Members()
+	return node.PublishGap(s.gap, s.sc.Mesh.SyncInterval, members)
 }

@@ -232,7 +232,7 @@ type sim struct {
 	events      eventQueue
 	evSeq       int
 	edges       eventQueue    // leading edges (edge.go)
-	gap         time.Duration // Scenario.PublishGap; ≤ 0: no leading edge
+	gap         time.Duration // Scenario.PublishGap: 0 the runtime's default, < 0 no leading edge
 	rules       []*ruleAcc
 	ruleIdx     map[string]int
 	wls         []*workloadState
@@ -630,7 +630,7 @@ func (s *sim) deliver() {
 					continue // cut while in flight
 				}
 				s.pending[r] = append(s.pending[r], m.b)
-				nacked = nacked || s.gap > 0 && m.nacks && nacks(m.b, n.core.Self())
+				nacked = nacked || s.gap >= 0 && m.nacks && nacks(m.b, n.core.Self())
 			}
 			if k = len(s.pending[r]) - k; k > 0 {
 				s.runs[r] = append(s.runs[r], pendRun{n: k, nowNs: int64(s.local(r).Sub(epoch)), at: s.now})

@@ -33,9 +33,11 @@ type Scenario struct {
 	Mesh    node.CoreConfig // durations and policy; Peer, Incarnation, Rules unset
 	// PublishGap is the nodes' leading edge (mesh.publish_gap; the
 	// runtime's node.Config.PublishGap; edge.go): the least time between
-	// two batches of a node with own changes to publish, sync_interval/2
-	// unless the scenario sets it. Negative: no leading edge, the nodes
-	// publish on their sync tick alone.
+	// two batches of a node with own changes to publish. 0, unless the
+	// scenario sets it: the runtime's default, node.PublishGap of the
+	// members the node counts (sync_interval/2, stretched toward
+	// sync_interval in a large mesh). Negative: no leading edge, the
+	// nodes publish on their sync tick alone.
 	PublishGap time.Duration
 	Rules      []limiter.Rule // normalised
 	// Warnings name rule settings that do not apply and are ignored
@@ -392,14 +394,7 @@ func (raw *rawScenario) buildMesh(s *Scenario) error {
 		return fmt.Errorf("%w: %w", ErrScenario, err)
 	}
 	cfg.MeshConfig = m.MeshConfig
-	switch {
-	case gap == 0:
-		s.PublishGap = cfg.SyncInterval / 2 // the runtime's default
-	case gap < 0:
-		s.PublishGap = -1
-	default:
-		s.PublishGap = gap
-	}
+	s.PublishGap = max(gap, -1) // 0: the runtime's default
 	if cfg.JoinTimeout <= 0 {
 		return errf("mesh.join_timeout", "must be positive, got %v", cfg.JoinTimeout)
 	}
@@ -411,7 +406,7 @@ func (raw *rawScenario) buildMesh(s *Scenario) error {
 }
 
 // publishGapField decodes mesh.publish_gap into dst: a duration such as
-// 10ms, 0 for the runtime's default (sync_interval/2), or tick (stored as
+// 10ms, 0 for the runtime's default (node.PublishGap), or tick (stored as
 // −1) or a negative duration for no leading edge, as
 // node.Config.PublishGap reads a negative one.
 func publishGapField(dst *time.Duration) config.Field {
@@ -422,7 +417,7 @@ func publishGapField(dst *time.Duration) config.Field {
 		}
 		d, err := time.ParseDuration(v.Value)
 		if v.Kind != yaml.ScalarNode || err != nil || (v.Tag != "!!str" && v.Value != "0") {
-			return fmt.Errorf("%s: line %d: must be a duration such as 10ms, 0 (sync_interval/2) or tick (no leading edge), got %q", path, v.Line, v.Value)
+			return fmt.Errorf("%s: line %d: must be a duration such as 10ms, 0 (the runtime's default) or tick (no leading edge), got %q", path, v.Line, v.Value)
 		}
 		*dst = d
 		return nil

@@ -230,7 +230,7 @@ events:
 }
 
 // TestParsePublishGap: mesh.publish_gap is the runtime's
-// node.Config.PublishGap, 0 its default (sync_interval/2), tick or a
+// node.Config.PublishGap, 0 its default (node.PublishGap), tick or a
 // negative duration no leading edge (edge.go).
 func TestParsePublishGap(t *testing.T) {
 	const yml = "name: x\nduration: 10s\nnodes: 3\nmesh: {sync_interval: 100ms%s}\n" +
@@ -239,9 +239,9 @@ func TestParsePublishGap(t *testing.T) {
 		mesh string
 		want time.Duration
 	}{
-		{"", 50 * time.Millisecond},
-		{", publish_gap: 0", 50 * time.Millisecond},
-		{", publish_gap: 0s", 50 * time.Millisecond},
+		{"", 0},
+		{", publish_gap: 0", 0},
+		{", publish_gap: 0s", 0},
 		{", publish_gap: 20ms", 20 * time.Millisecond},
 		{", publish_gap: tick", -1},
 		{", publish_gap: -5ms", -1},
