@@ -7,41 +7,18 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// The gRPC clients send requests encoded once, before a phase, and read
-// the few fields of the answers they need, for both systems alike: the
-// load generator's cost per call is the same for both, and this module
-// need not link Gubernator's client package (which brings Kubernetes'
-// and etcd's clients: minutes of compiling, and an etcd rpc.proto that
-// clashes with gossipsub's in one binary).
+// The gRPC calls (grpcConn) send requests encoded once, before a phase,
+// and read the few fields of the answers they need, for both systems
+// alike: the load generator's cost per call is the same for both, and
+// this module need not link Gubernator's client package (which brings
+// Kubernetes' and etcd's clients: minutes of compiling, and an etcd
+// rpc.proto that clashes with gossipsub's in one binary).
 
 // Full method names.
 const (
 	guberGetRateLimits = "/pb.gubernator.V1/GetRateLimits"
 	rlsShouldRateLimit = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 )
-
-// rawCodec passes encoded messages through. Its name is "proto", so the
-// servers decode them as the protobuf messages they are.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error) {
-	b, ok := v.(*[]byte)
-	if !ok {
-		return nil, fmt.Errorf("rawCodec: marshal %T, want *[]byte", v)
-	}
-	return *b, nil
-}
-
-func (rawCodec) Unmarshal(data []byte, v any) error {
-	b, ok := v.(*[]byte)
-	if !ok {
-		return fmt.Errorf("rawCodec: unmarshal into %T, want *[]byte", v)
-	}
-	*b = append((*b)[:0], data...)
-	return nil
-}
-
-func (rawCodec) Name() string { return "proto" }
 
 // guberRequest encodes Gubernator's GetRateLimitsReq of one RateLimitReq
 // per key (gubernator.proto: requests = 1; name = 1, unique_key = 2,

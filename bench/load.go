@@ -11,8 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"google.golang.org/grpc"
 )
 
 // errDone is what an op returns when it has no more work: the phase ends
@@ -36,10 +34,10 @@ type worker struct {
 	id  int
 	rng *rand.Rand
 	buf bytes.Buffer
-	// The node's addresses this worker talks to, and its gRPC stubs.
+	// The node this worker talks to, and its connections to it.
 	node *node
 	http httpConn
-	rpc  *grpc.ClientConn
+	grpc grpcConn
 
 	// One phase's tallies.
 	lat                         []time.Duration

@@ -132,10 +132,7 @@ func measureMemory(ctx context.Context, c *cluster, o *options, keys []string, i
 	if len(c.nodes) > 1 {
 		workers = o.MeshWorkers
 	}
-	d, err := newDriver(&cluster{system: c.system, nodes: c.nodes[:1]}, workers, false)
-	if err != nil {
-		return fail(err)
-	}
+	d := newDriver(&cluster{system: c.system, nodes: c.nodes[:1]}, workers)
 	defer d.close()
 	fill := func(ks []string) (phase, error) {
 		var next, resent atomic.Int64

@@ -157,15 +157,9 @@ func (b *bench) single(ctx context.Context) error {
 		return err
 	}
 	defer b.ps.stop(gb)
-	rmD, err := newDriver(rm, o.Concurrency, o.has("grpc"))
-	if err != nil {
-		return err
-	}
+	rmD := newDriver(rm, o.Concurrency)
 	defer rmD.close()
-	gbD, err := newDriver(gb, o.Concurrency, o.has("grpc"))
-	if err != nil {
-		return err
-	}
+	gbD := newDriver(gb, o.Concurrency)
 	defer gbD.close()
 	hot, keys := []string{"hot"}, keyNames("k", o.Keys)
 	var steps [][2]step // per scenario: ratemesh, gubernator
@@ -249,15 +243,9 @@ func (b *bench) cluster(ctx context.Context) error {
 		return err
 	}
 	defer b.ps.stop(gb)
-	rmD, err := newDriver(rm, o.Concurrency, false)
-	if err != nil {
-		return err
-	}
+	rmD := newDriver(rm, o.Concurrency)
 	defer rmD.close()
-	gbD, err := newDriver(gb, o.Concurrency, false)
-	if err != nil {
-		return err
-	}
+	gbD := newDriver(gb, o.Concurrency)
 	defer gbD.close()
 	acc := limitSpec{name: "acc", limit: int64(o.Limit), window: o.Window}
 	global := acc

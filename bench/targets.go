@@ -12,8 +12,6 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ratemesh/ratemesh/httpapi"
@@ -21,39 +19,29 @@ import (
 
 // driver holds the load generator's workers for one system: worker i
 // talks to node i mod the nodes, over its own keep-alive HTTP/1.1
-// connection (httpConn) and, when asked for, its own gRPC connection.
+// connection (httpConn) and its own gRPC connection (grpcConn), each
+// dialled at its first request: one request in flight on each, as with
+// the grpc.ClientConn a worker had before.
 type driver struct {
 	c       *cluster
 	workers []*worker
-	conns   []*grpc.ClientConn
 }
 
-func newDriver(c *cluster, conc int, withGRPC bool) (*driver, error) {
+func newDriver(c *cluster, conc int) *driver {
 	d := &driver{c: c}
 	for i := range conc {
 		nd := c.nodes[i%len(c.nodes)]
-		w := &worker{id: i, rng: rand.New(rand.NewPCG(uint64(i), 0x5eed)), node: nd, http: httpConn{addr: nd.http}}
-		if withGRPC {
-			conn, err := grpc.NewClient(nd.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				d.close()
-				return nil, fmt.Errorf("%s: gRPC client of %s: %w", c.system, nd.grpc, err)
-			}
-			d.conns = append(d.conns, conn)
-			w.rpc = conn
-		}
-		d.workers = append(d.workers, w)
+		d.workers = append(d.workers, &worker{id: i, rng: rand.New(rand.NewPCG(uint64(i), 0x5eed)), node: nd,
+			http: httpConn{addr: nd.http}, grpc: grpcConn{addr: nd.grpc}})
 	}
-	return d, nil
+	return d
 }
 
 // close closes the workers' connections; call it when no phase runs.
 func (d *driver) close() {
-	for _, c := range d.conns {
-		_ = c.Close()
-	}
 	for _, w := range d.workers {
 		w.http.close()
+		w.grpc.close()
 	}
 }
 
@@ -155,8 +143,8 @@ func (d *driver) rmHealthz() op {
 
 // rmRLS asks Envoy's ShouldRateLimit for a random one of keys, as the
 // value of descriptor entry "key" in domain "bench". The requests are
-// encoded once (go-control-plane's types); the answers read by
-// parseRLSResponse.
+// encoded once (go-control-plane's types) and sent by grpcConn; the
+// answers read by parseRLSResponse.
 func (d *driver) rmRLS(keys []string) (op, error) {
 	reqs := make([][]byte, len(keys))
 	for i, k := range keys {
@@ -168,11 +156,10 @@ func (d *driver) rmRLS(keys []string) (op, error) {
 		reqs[i] = b
 	}
 	return func(ctx context.Context, w *worker) (outcome, error) {
-		var resp []byte
-		if err := w.rpc.Invoke(ctx, rlsShouldRateLimit, &reqs[w.rng.IntN(len(reqs))], &resp, grpc.ForceCodec(rawCodec{})); err != nil {
-			return outcome{}, err
+		if err := w.grpc.call(ctx, rlsShouldRateLimit, reqs[w.rng.IntN(len(reqs))], &w.buf, requestTimeout); err != nil {
+			return outcome{}, fmt.Errorf("ShouldRateLimit: %w", err)
 		}
-		r, err := parseRLSResponse(resp)
+		r, err := parseRLSResponse(w.buf.Bytes())
 		if err != nil {
 			return outcome{}, err
 		}
@@ -338,11 +325,10 @@ func (d *driver) gbGRPC(l limitSpec, keys []string) op {
 		reqs[i] = guberRequest(l, k)
 	}
 	return func(ctx context.Context, w *worker) (outcome, error) {
-		var resp []byte
-		if err := w.rpc.Invoke(ctx, guberGetRateLimits, &reqs[w.rng.IntN(len(reqs))], &resp, grpc.ForceCodec(rawCodec{})); err != nil {
-			return outcome{}, err
+		if err := w.grpc.call(ctx, guberGetRateLimits, reqs[w.rng.IntN(len(reqs))], &w.buf, requestTimeout); err != nil {
+			return outcome{}, fmt.Errorf("GetRateLimits: %w", err)
 		}
-		rs, err := parseGuberResponse(resp)
+		rs, err := parseGuberResponse(w.buf.Bytes())
 		if err != nil {
 			return outcome{}, err
 		}
