@@ -31,9 +31,10 @@ import (
 // SendDirect sends bs, in order, to peer alone over the anti-entropy
 // stream, dialling it if needed. It returns once the peer has read and
 // accepted every batch, or fails: when ctx ends, or when a step makes no
-// progress for SyncTimeout — opening the stream, writing a frame (which
-// waits while the peer reads no more), or awaiting the receipt after the
-// last. A long transfer to a slow receiver (a full state of a million
+// progress for SyncTimeout — opening the stream, writing a piece of a
+// frame (which waits while the peer reads no more), or awaiting the
+// receipt after the last (SyncTimeout plus the time the writes took). A
+// long transfer to a slow receiver (a full state of a million
 // keys to a member on a starved host) so goes on while the receiver
 // reads; a receiver that stops is given up SyncTimeout later. It does
 // not retain bs.
@@ -80,6 +81,7 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 	}
 	stop := context.AfterFunc(ctx, func() { s.Reset() })
 	defer stop()
+	start := time.Now()
 	if err := writeFrames(idleWriter{s, m.cfg.SyncTimeout}, frames); err != nil {
 		s.Reset()
 		return fmt.Errorf("mesh: send to %s: %w (nothing written for the sync timeout, %v)", peerID, err, m.cfg.SyncTimeout)
@@ -89,9 +91,11 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 		s.Reset()
 		return fmt.Errorf("mesh: send to %s: %w", peerID, err)
 	}
-	// The receipt: what is still unread fits in the stream's window (a
-	// frame's write waits while it is full), so SyncTimeout covers it.
-	_ = s.SetReadDeadline(time.Now().Add(m.cfg.SyncTimeout))
+	// The receipt. What the peer has not read yet fits in the stream's
+	// window (a write waits while it is full), but the peer reads it only
+	// as fast as its node merges: it is given SyncTimeout, and as long
+	// again as it took to read what came before.
+	_ = s.SetReadDeadline(time.Now().Add(m.cfg.SyncTimeout + time.Since(start)))
 	var one [1]byte
 	n, err := s.Read(one[:])
 	switch {
@@ -111,17 +115,28 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 	return nil
 }
 
-// idleWriter gives each write to a stream the timeout from its start: a
-// writer that waits on a full window fails only when the reader has taken
-// nothing for that long.
+// idleWriter writes to a stream in pieces of at most idleChunk bytes,
+// each given the timeout from its start: a write waiting on a full window
+// fails only when the reader has taken no piece for that long, however
+// large the frame.
 type idleWriter struct {
 	s       network.Stream
 	timeout time.Duration
 }
 
+const idleChunk = 64 << 10
+
 func (w idleWriter) Write(p []byte) (int, error) {
-	_ = w.s.SetWriteDeadline(time.Now().Add(w.timeout))
-	return w.s.Write(p)
+	n := 0
+	for n < len(p) {
+		_ = w.s.SetWriteDeadline(time.Now().Add(w.timeout))
+		k, err := w.s.Write(p[n:min(len(p), n+idleChunk)])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 func writeFrames(w io.Writer, frames [][]byte) error {

@@ -71,8 +71,8 @@ func bigBatches(from string, n, keys int) []*crdt.Batch {
 // and began again.)
 func TestSendDirectOutlastsSyncTimeoutWhileProgressing(t *testing.T) {
 	t.Parallel()
-	const timeout = 400 * time.Millisecond
-	const frames = 24
+	const timeout = 600 * time.Millisecond
+	const frames, keys = 24, 600
 	cfgA := testConfig(t)
 	cfgA.SyncTimeout = timeout
 	h := &slowHandler{delay: timeout / 8}
@@ -82,9 +82,9 @@ func TestSendDirectOutlastsSyncTimeoutWhileProgressing(t *testing.T) {
 	cfgB.Bootstrap = []string{tcpAddr(t, a)}
 	b, _ := startMesh(t, cfgB)
 
-	bs := bigBatches(b.PeerID(), frames, 2000)
-	if data, _ := bs[0].Encode(); len(data) < 64<<10 {
-		t.Fatalf("a batch encodes to %d bytes: too few to fill the stream's window", len(data))
+	bs := bigBatches(b.PeerID(), frames, keys)
+	if data, _ := bs[0].Encode(); frames*len(data) < 512<<10 {
+		t.Fatalf("the batches encode to %d bytes: too few to fill the stream's window (256 KiB) twice", frames*len(data))
 	}
 	start := time.Now()
 	if err := b.SendDirect(context.Background(), a.PeerID(), bs); err != nil {
@@ -100,8 +100,8 @@ func TestSendDirectOutlastsSyncTimeoutWhileProgressing(t *testing.T) {
 		t.Fatalf("received %d batches, want %d", len(h.batches), frames)
 	}
 	for i, in := range h.batches {
-		if want := fmt.Sprintf("batch-%03d-key-%06d", i, 0); !in.Direct || in.Batch.Windows[0].Key != want || len(in.Batch.Windows) != 2000 {
-			t.Errorf("batch %d: direct %v, first key %s of %d, want %s of 2000", i, in.Direct, in.Batch.Windows[0].Key, len(in.Batch.Windows), want)
+		if want := fmt.Sprintf("batch-%03d-key-%06d", i, 0); !in.Direct || in.Batch.Windows[0].Key != want || len(in.Batch.Windows) != keys {
+			t.Errorf("batch %d: direct %v, first key %s of %d, want %s of %d", i, in.Direct, in.Batch.Windows[0].Key, len(in.Batch.Windows), want, keys)
 		}
 	}
 }
