@@ -118,6 +118,10 @@ func New(cfg Config) (*Server, error) {
 		// ShouldRateLimit's messages are coded by hand (codec.go);
 		// every other message by grpc's protobuf codec.
 		grpc.ForceServerCodecV2(newCodec()),
+		// Fixed flow-control windows, which turn off grpc-go's BDP
+		// estimator (see streamWindow).
+		grpc.StaticStreamWindowSize(streamWindow),
+		grpc.StaticConnWindowSize(connWindow),
 	}
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
@@ -127,6 +131,31 @@ func New(cfg Config) (*Server, error) {
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	return s, nil
 }
+
+// The Server's HTTP/2 flow-control windows: fixed, which turns off
+// grpc-go's BDP estimator. The estimator pings the client whenever a
+// DATA frame arrives and no ping of its is outstanding, with a
+// connection WINDOW_UPDATE before the PING; a client with one call at a
+// time on a connection, which acknowledges at once, got both with every
+// answer and sent a PING ack with every request: three frames a call
+// for the two sides to code, the answer's write 92 bytes instead of 62
+// (TestFramesPerCall). Envoy, with many calls in flight on a connection,
+// got one of each a round trip. The windows the estimator would grow
+// (to 16 MiB) are of no use to ShouldRateLimit: a request is a few
+// hundred bytes in a stream of its own.
+//
+// A stream's window is HTTP/2's default, 64 KiB − 1 (no setting sent),
+// many times the largest request. The connection's is the bytes a
+// client may have sent that the server has not read yet, over all its
+// streams: grpc-go returns them in a WINDOW_UPDATE once a quarter has
+// been read, whether or not a handler has taken its message yet. 1 MiB
+// is about 5,000 requests of 200 bytes in flight, or 1 MiB a round
+// trip (5 million such requests a second at 1 ms) before Envoy's
+// concurrent streams on one connection could wait for a window.
+const (
+	streamWindow = 65535
+	connWindow   = 1 << 20
+)
 
 // healthPrefix starts the methods of the health service, which stay
 // open: Envoy's health checks and orchestrators' probes carry no token,
