@@ -84,7 +84,10 @@ func (m *Mesh) SendDirect(ctx context.Context, peerID string, bs []*crdt.Batch) 
 	start := time.Now()
 	if err := writeFrames(idleWriter{s, m.cfg.SyncTimeout}, frames); err != nil {
 		s.Reset()
-		return fmt.Errorf("mesh: send to %s: %w (nothing written for the sync timeout, %v)", peerID, err, m.cfg.SyncTimeout)
+		if isTimeout(err) {
+			return fmt.Errorf("mesh: send to %s: %w (the peer read nothing for the sync timeout, %v)", peerID, err, m.cfg.SyncTimeout)
+		}
+		return fmt.Errorf("mesh: send to %s: %w", peerID, err)
 	}
 	_ = s.SetWriteDeadline(time.Now().Add(m.cfg.SyncTimeout))
 	if err := s.CloseWrite(); err != nil {
@@ -137,6 +140,12 @@ func (w idleWriter) Write(p []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// isTimeout reports whether err is a deadline's.
+func isTimeout(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 func writeFrames(w io.Writer, frames [][]byte) error {

@@ -2,7 +2,6 @@ package mesh
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -188,10 +187,4 @@ func TestSyncStreamIdleReset(t *testing.T) {
 	if !ra.has(c.PeerID(), "before-the-stall") {
 		t.Error("the batch sent before the stall was not delivered")
 	}
-}
-
-// isTimeout reports whether err is a deadline's.
-func isTimeout(err error) bool {
-	var ne interface{ Timeout() bool }
-	return errors.As(err, &ne) && ne.Timeout()
 }
